@@ -1,0 +1,27 @@
+"""Exact Lookahead Decoding over Hugging Face causal LMs."""
+from .decoder import SequenceDecoder
+from .generation import GenerationResult, GenerationStats, generate, stream
+from .kv_cache import SlotKVCache
+from .layout import StepLayout
+from .model_runner import ModelRunner
+from .ngram_pool import NGramPool
+from .params import LookaheadParams
+from .stopping import StopCondition
+from .verify import verify_greedy
+from .window import LookaheadWindow
+
+__all__ = [
+    "GenerationResult",
+    "GenerationStats",
+    "LookaheadParams",
+    "LookaheadWindow",
+    "ModelRunner",
+    "NGramPool",
+    "SequenceDecoder",
+    "SlotKVCache",
+    "StepLayout",
+    "StopCondition",
+    "generate",
+    "stream",
+    "verify_greedy",
+]

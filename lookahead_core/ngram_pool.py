@@ -1,0 +1,50 @@
+"""The n-gram pool: candidates for verification, keyed by their first token."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class NGramPool:
+    """Maps a token to at most `cap` continuations of `n - 1` tokens, most recently added kept.
+
+    A plain dict per key gives insertion order; re-adding a continuation moves it to the back,
+    so the front is always the least recently seen one and is what gets evicted.
+    """
+
+    def __init__(self, n: int, cap: int) -> None:
+        if n < 2:
+            raise ValueError(f"n-gram size must be >= 2, got {n}")
+        if cap < 0:
+            raise ValueError(f"pool cap must be >= 0, got {cap}")
+        self.n = n
+        self.cap = cap
+        self._table: dict[int, dict[tuple[int, ...], None]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(conts) for conts in self._table.values())
+
+    def add(self, key: int, continuation: tuple[int, ...]) -> None:
+        if self.cap == 0:
+            return
+        conts = self._table.get(key)
+        if conts is None:
+            self._table[key] = {continuation: None}
+            return
+        if continuation in conts:
+            del conts[continuation]
+        elif len(conts) >= self.cap:
+            del conts[next(iter(conts))]
+        conts[continuation] = None
+
+    def add_sequence(self, tokens: Sequence[int], start: int = 0) -> None:
+        """Add every n-gram of `tokens` whose last token sits at index >= start + n - 1."""
+        n = self.n
+        for i in range(max(start, 0), len(tokens) - n + 1):
+            self.add(tokens[i], tuple(tokens[i + 1 : i + n]))
+
+    def lookup(self, key: int) -> list[tuple[int, ...]]:
+        """Continuations of `key`, most recent first."""
+        conts = self._table.get(key)
+        if not conts:
+            return []
+        return list(reversed(conts))

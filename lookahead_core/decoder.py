@@ -32,12 +32,13 @@ class SequenceDecoder:
     ) -> None:
         if len(prompt) == 0:
             raise ValueError("the prompt must hold at least one token")
-        runner.check_length(len(prompt) + stop.max_new_tokens)
+        self.tokens: list[int] = [int(t) for t in prompt]
+        runner.check_tokens(self.tokens)
+        runner.check_length(len(self.tokens) + stop.max_new_tokens)
         self.runner = runner
         self.params = params
         self.stop = stop
         self.layout = runner.layout(params)
-        self.tokens: list[int] = [int(t) for t in prompt]
         self.prompt_len = len(self.tokens)
         self.finish_reason: str | None = None
         self.steps = 0

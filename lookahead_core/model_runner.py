@@ -19,6 +19,7 @@ class ModelRunner:
         self.dtype = param.dtype
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.num_layers = int(config.num_hidden_layers)
+        self.vocab_size = int(config.vocab_size)
         self.context_length = getattr(config, "max_position_embeddings", None)
         self.sliding_window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -32,6 +33,11 @@ class ModelRunner:
         if lay is None:
             lay = self._layouts[key] = StepLayout(key, self.dtype, self.device)
         return lay
+
+    def check_tokens(self, tokens: list[int]) -> None:
+        bad = next((t for t in tokens if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {self.vocab_size})")
 
     def check_length(self, total_tokens: int) -> None:
         if self.context_length is not None and total_tokens > self.context_length:

@@ -80,6 +80,8 @@ def test_stream_yields_the_accepted_blocks():
         ({"input_ids": torch.zeros(1, 0, dtype=torch.long)}, ValueError, "at least one token"),
         ({"max_new_tokens": 0}, ValueError, "max_new_tokens"),
         ({"max_new_tokens": 5000}, ValueError, "context length"),
+        ({"input_ids": torch.tensor([[5, 512]])}, ValueError, "outside the model's vocabulary"),
+        ({"input_ids": torch.tensor([[-1, 5]])}, ValueError, "outside the model's vocabulary"),
         ({"params": (3, 4, 4)}, TypeError, "LookaheadParams"),
     ],
 )

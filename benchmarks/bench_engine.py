@@ -1,0 +1,155 @@
+"""Engine throughput and latency against concurrency, all in one run.
+
+    python benchmarks/bench_engine.py --model models/tiny-pycoder --prompts benchmarks/prompts/code.jsonl
+
+Closed loop: `c` requests in flight, a new one as soon as one finishes. Rows: the engine with
+plain batched decoding and with fixed (N, W, G); HF `generate` on left-padded batches of `c`
+prompts (outside baseline); at c = 1 also single-sequence `lookahead_core.generate`. EOS is
+ignored so every request yields exactly --max-new-tokens tokens and throughputs compare like for like.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench_decode import load_prompts  # noqa: E402
+from lookahead_core import LookaheadParams, ModelRunner, generate  # noqa: E402
+from lookahead_core.engine import Engine  # noqa: E402
+from lookahead_core.engine_config import EngineConfig  # noqa: E402
+from lookahead_core.loading import load_model  # noqa: E402
+
+
+def run_engine(engine: Engine, prompts, concurrency: int, requests: int, max_new: int, params) -> dict:
+    pending = deque(range(requests))
+    added, latencies, tokens, inflight = {}, [], 0, 0
+    t0 = time.perf_counter()
+    while pending or engine.has_work():
+        while pending and inflight < concurrency:
+            i = pending.popleft()
+            engine.add_request(i, prompts[i % len(prompts)], max_new_tokens=max_new, params=params, eos_token_id=[])
+            added[i] = time.perf_counter()
+            inflight += 1
+        for out in engine.step():
+            tokens += len(out.tokens)
+            if out.finish_reason is not None:
+                latencies.append(time.perf_counter() - added[out.seq_id])
+                inflight -= 1
+    wall = time.perf_counter() - t0
+    return {"tokens_per_s": tokens / wall, "p50_latency_s": statistics.median(latencies), "tokens": tokens}
+
+
+def run_hf_batches(model, prompts, concurrency: int, requests: int, max_new: int, pad_id: int) -> dict:
+    tokens, latencies = 0, []
+    t0 = time.perf_counter()
+    for b in range(0, requests, concurrency):
+        batch = [prompts[i % len(prompts)] for i in range(b, min(b + concurrency, requests))]
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        ts = time.perf_counter()
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, pad_token_id=pad_id, eos_token_id=None)
+        latencies += [time.perf_counter() - ts] * len(batch)
+        tokens += (out.shape[1] - width) * len(batch)
+    wall = time.perf_counter() - t0
+    return {"tokens_per_s": tokens / wall, "p50_latency_s": statistics.median(latencies), "tokens": tokens}
+
+
+def run_single(runner, prompts, requests: int, max_new: int, params) -> dict:
+    tokens, latencies = 0, []
+    t0 = time.perf_counter()
+    for i in range(requests):
+        ts = time.perf_counter()
+        res = generate(runner, torch.tensor([prompts[i % len(prompts)]]), max_new_tokens=max_new, params=params, eos_token_id=[])
+        latencies.append(time.perf_counter() - ts)
+        tokens += len(res.tokens)
+    wall = time.perf_counter() - t0
+    return {"tokens_per_s": tokens / wall, "p50_latency_s": statistics.median(latencies), "tokens": tokens}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="models/tiny-pycoder")
+    ap.add_argument("--prompts", default="benchmarks/prompts/code.jsonl")
+    ap.add_argument("--concurrency", default="1,2,4,8,16,32")
+    ap.add_argument("--requests-per-level", type=int, default=2, help="requests = this x concurrency (at least --min-requests)")
+    ap.add_argument("--min-requests", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--configs", default="4,5,5;3,4,4", help="semicolon-separated N,W,G for the engine")
+    ap.add_argument("--prompt-len", type=int, default=64, help="random prompts when --prompts is empty")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    model, tokenizer = load_model(args.model)
+    vocab = model.config.get_text_config().vocab_size
+    prompts = load_prompts(args.prompts or None, tokenizer, 64, vocab, args.prompt_len, seed=0)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    lookahead = [LookaheadParams(*(int(x) for x in item.split(","))) for item in args.configs.split(";") if item.strip()]
+    runner = ModelRunner(model)
+    engine = Engine(runner, EngineConfig(max_batch=max(levels), max_new_tokens=args.max_new_tokens, prefill_chunk=256))
+    pad_id = model.generation_config.pad_token_id or 0
+
+    rows: dict[str, dict[int, dict]] = {}
+    plans = [("hf-generate (padded batch)", None, "hf"), ("engine plain", None, "engine")]
+    plans += [(f"engine la({p.n},{p.w},{p.g})", p, "engine") for p in lookahead]
+    plans += [("single generate plain", None, "single")] + [(f"single generate la({p.n},{p.w},{p.g})", p, "single") for p in lookahead]
+    run_engine(engine, prompts, 2, 2, 8, lookahead[0] if lookahead else None)  # warm-up
+    total = sum(len(levels) if kind != "single" else 1 for _, _, kind in plans)
+    done, t_start = 0, time.perf_counter()
+    for c in levels:
+        requests = max(args.min_requests, args.requests_per_level * c)
+        for name, params, kind in plans:
+            if kind == "single" and c != 1:
+                continue
+            if kind == "hf":
+                fig = run_hf_batches(model, prompts, c, requests, args.max_new_tokens, pad_id)
+            elif kind == "engine":
+                fig = run_engine(engine, prompts, c, requests, args.max_new_tokens, params)
+            else:
+                fig = run_single(runner, prompts, requests, args.max_new_tokens, params)
+            rows.setdefault(name, {})[c] = fig
+            done += 1
+            el = time.perf_counter() - t_start
+            print(f"\r[{done}/{total}] {el:.0f}s, ETA {el / done * (total - done):.0f}s", end="", file=sys.stderr)
+    print(file=sys.stderr)
+
+    print(f"model={args.model} max_new_tokens={args.max_new_tokens} threads={torch.get_num_threads()}")
+    head = "".join(f"{'c=' + str(c):>10}" for c in levels)
+    for metric, label in (("tokens_per_s", "throughput, tokens/s"), ("p50_latency_s", "p50 request latency, s")):
+        print(f"\n{label}\n{'':<34}{head}")
+        for name, by_c in rows.items():
+            cells = "".join(f"{by_c[c][metric]:>10.2f}" if c in by_c else f"{'':>10}" for c in levels)
+            print(f"{name:<34}{cells}")
+    plain = rows["engine plain"]
+    summary = {"plain_c16_over_c1": plain[16]["tokens_per_s"] / plain[1]["tokens_per_s"] if 16 in plain and 1 in plain else None}
+    for p in lookahead:
+        key = f"la({p.n},{p.w},{p.g})"
+        single = rows[f"single generate {key}"][1]["tokens_per_s"] / rows["single generate plain"][1]["tokens_per_s"]
+        eng = rows[f"engine {key}"][1]["tokens_per_s"] / rows["engine plain"][1]["tokens_per_s"]
+        hf1 = rows["hf-generate (padded batch)"][1]["tokens_per_s"]
+        summary[key] = {
+            "single_speedup_vs_hf": rows[f"single generate {key}"][1]["tokens_per_s"] / hf1,
+            "engine_c1_speedup_vs_hf": rows[f"engine {key}"][1]["tokens_per_s"] / hf1,
+            "single_speedup_vs_plain": single,
+            "engine_c1_speedup_vs_plain": eng,
+        }
+        summary[key]["engine_keeps_share_of_single_speedup"] = summary[key]["engine_c1_speedup_vs_hf"] / summary[key]["single_speedup_vs_hf"]
+    print("\n" + json.dumps(summary, indent=1))
+    report = {"args": vars(args), "rows": {k: {str(c): v for c, v in by.items()} for k, by in rows.items()}, "summary": summary}
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()

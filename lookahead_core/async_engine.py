@@ -1,0 +1,161 @@
+"""asyncio front of the engine: a background thread steps it; each request streams its tokens."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence as Seq
+
+from .engine import Engine, StepOutput
+from .params import LookaheadParams
+
+log = logging.getLogger(__name__)
+
+
+class AsyncEngine:
+    """Owns an `Engine` on a dedicated thread, so model forwards never block the event loop.
+
+    Every engine call happens on that thread; callers talk to it through a command queue.
+    `before_step(engine)`, if given, runs on the engine thread before each step (the router uses
+    it to re-choose each running request's (N, W, G)).
+    """
+
+    def __init__(self, engine: Engine, before_step: Callable[[Engine], None] | None = None) -> None:
+        self.engine = engine
+        self.before_step = before_step
+        self._commands: deque[tuple] = deque()
+        self._wake = threading.Event()
+        self._streams: dict[str | int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._depth = (0, 0)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="lookahead-engine", daemon=True)
+        self._thread.start()
+
+    # ---- caller side ------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: Seq[int],
+        *,
+        max_new_tokens: int,
+        params: LookaheadParams | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
+        stop_token_ids: Iterable[int] = (),
+        request_id: str | None = None,
+    ) -> AsyncIterator[StepOutput]:
+        """Yield one `StepOutput` per engine step that accepted tokens for this request.
+
+        Raises ValueError / EngineOverloaded before the first yield if the engine refuses the
+        request. Closing the iterator early (a client gone) aborts the request.
+        """
+        seq_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        accepted = loop.create_future()
+        kwargs = dict(max_new_tokens=max_new_tokens, params=params, eos_token_id=eos_token_id, stop_token_ids=stop_token_ids)
+        self._submit(("add", seq_id, list(prompt), kwargs, loop, queue, accepted))
+        await accepted
+        done = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                if item.finish_reason is not None:
+                    done = True
+                yield item
+                if done:
+                    return
+        finally:
+            if not done:
+                self.abort(seq_id)
+
+    def abort(self, seq_id: str | int) -> None:
+        self._submit(("abort", seq_id))
+
+    def set_params(self, seq_id: str | int, params: LookaheadParams | None) -> None:
+        self._submit(("params", seq_id, params))
+
+    def queue_depth(self) -> tuple[int, int]:
+        """(running, waiting) as of the engine's last step, plus requests not yet taken in."""
+        running, waiting = self._depth
+        return running, waiting + sum(1 for c in list(self._commands) if c[0] == "add")
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def _submit(self, command: tuple) -> None:
+        self._commands.append(command)
+        self._wake.set()
+
+    # ---- engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stopping:
+            self._drain_commands()
+            if not engine.has_work():
+                self._depth = engine.queue_depth()
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                if self.before_step is not None:
+                    self.before_step(engine)
+                outputs = engine.step()
+            except Exception as exc:  # keep serving: fail what was in flight, start clean
+                log.exception("engine step failed")
+                self._fail_all(exc)
+                continue
+            self._depth = engine.queue_depth()
+            for out in outputs:
+                self._deliver(out.seq_id, out, final=out.finish_reason is not None)
+
+    def _drain_commands(self) -> None:
+        engine = self.engine
+        while self._commands:
+            cmd = self._commands.popleft()
+            kind = cmd[0]
+            if kind == "add":
+                _, seq_id, prompt, kwargs, loop, queue, accepted = cmd
+                try:
+                    engine.add_request(seq_id, prompt, **kwargs)
+                except Exception as exc:
+                    loop.call_soon_threadsafe(_settle, accepted, exc)
+                    continue
+                self._streams[seq_id] = (loop, queue)
+                loop.call_soon_threadsafe(_settle, accepted, None)
+            elif kind == "abort":
+                engine.abort(cmd[1])
+            elif kind == "params":
+                try:
+                    engine.set_params(cmd[1], cmd[2])
+                except ValueError:
+                    log.warning("ignored out-of-range params %s for %s", cmd[2], cmd[1])
+
+    def _deliver(self, seq_id, item, final: bool) -> None:
+        target = self._streams.pop(seq_id, None) if final else self._streams.get(seq_id)
+        if target is not None:
+            loop, queue = target
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _fail_all(self, exc: Exception) -> None:
+        error = RuntimeError(f"engine step failed: {exc}")
+        self.engine.abort_all()
+        for seq_id in list(self._streams):
+            self._deliver(seq_id, error, final=True)
+
+
+def _settle(future: asyncio.Future, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)

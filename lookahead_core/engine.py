@@ -1,0 +1,252 @@
+"""The continuous-batching engine: requests join and leave at any step, one decode forward per step."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence as Seq
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .batch_cache import BatchKVCache
+from .batch_step import BatchStepBuffers
+from .engine_config import EngineConfig
+from .model_runner import ModelRunner
+from .params import LookaheadParams
+from .scheduler import Scheduler
+from .sequence import Sequence, Status
+from .stopping import StopCondition
+
+
+class EngineOverloaded(RuntimeError):
+    """The waiting queue is full."""
+
+
+@dataclass
+class StepOutput:
+    seq_id: str | int
+    tokens: list[int]
+    finish_reason: str | None = None
+    stats: dict = field(default_factory=dict)
+
+
+def _stats(seq: Sequence) -> dict:
+    new = len(seq.new_tokens)
+    return {
+        "prompt_tokens": seq.prompt_len,
+        "new_tokens": new,
+        "steps": seq.steps,
+        "compression": new / seq.steps if seq.steps else 0.0,
+        "accepted_histogram": dict(sorted(seq.accepted_histogram.items())),
+    }
+
+
+class Engine:
+    """Synchronous engine: `add_request`, `step`, `abort`, `set_params`, `queue_depth`.
+
+    Each step runs at most one prefill chunk (for the sequence being admitted) and one decode
+    forward over every running sequence, each with its own layout, padded to the widest.
+    """
+
+    def __init__(self, model: torch.nn.Module | ModelRunner, config: EngineConfig | None = None) -> None:
+        self.runner = model if isinstance(model, ModelRunner) else ModelRunner(model)
+        self.config = config or EngineConfig()
+        ctx = self.runner.context_length
+        self.max_seq_len = self.config.max_seq_len or ctx or 2048
+        if ctx is not None and self.max_seq_len > ctx:
+            raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the model's context length {ctx}")
+        self.runner.check_length(self.max_seq_len)
+        cfg, r = self.config, self.runner
+        self.max_tokens = max(cfg.max_step_tokens, cfg.prefill_chunk)
+        capacity = self.max_seq_len + cfg.max_step_tokens
+        self.cache = BatchKVCache(r.num_layers, cfg.max_batch, capacity, r.device)
+        self.buffers = BatchStepBuffers(cfg.max_batch, cfg.max_step_tokens, capacity, r.dtype, r.device)
+        self.scheduler = Scheduler(cfg.max_batch, cfg.prefill_chunk)
+        self._prefill_mask = torch.zeros((1, 1, cfg.prefill_chunk, capacity), dtype=r.dtype, device=r.device)
+        self._causal = torch.full((cfg.prefill_chunk, cfg.prefill_chunk), torch.finfo(r.dtype).min, dtype=r.dtype, device=r.device).triu_(1)
+        self._max_position = (ctx or np.iinfo(np.int64).max) - 1
+        self._seqs: dict[str | int, Sequence] = {}
+        self._finished_early: list[StepOutput] = []
+        self.forward_s = 0.0
+        self.step_s = 0.0
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        seq_id: str | int,
+        prompt: Seq[int],
+        *,
+        max_new_tokens: int,
+        params: LookaheadParams | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
+        stop_token_ids: Iterable[int] = (),
+    ) -> None:
+        """Queue a request; raises ValueError (bad request) or EngineOverloaded (queue full)."""
+        if seq_id in self._seqs:
+            raise ValueError(f"request id {seq_id!r} is already in the engine")
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("the prompt must hold at least one token")
+        if params is not None and not isinstance(params, LookaheadParams):
+            raise TypeError(f"params must be LookaheadParams or None, got {type(params).__name__}")
+        self.config.check_params(params)
+        stop = StopCondition.build(max_new_tokens, eos_token_id, stop_token_ids)
+        if max_new_tokens > self.config.max_new_tokens:
+            raise ValueError(f"max_new_tokens={max_new_tokens} exceeds this engine's limit of {self.config.max_new_tokens}")
+        if len(prompt) + max_new_tokens > self.max_seq_len:
+            raise ValueError(
+                f"prompt of {len(prompt)} tokens plus max_new_tokens={max_new_tokens} exceeds this engine's "
+                f"limit of {self.max_seq_len} tokens"
+            )
+        self.runner.check_tokens(prompt)
+        if len(self.scheduler.waiting) >= self.config.max_waiting:
+            raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
+        seq = Sequence(seq_id, prompt, params, stop, self.runner.layout)
+        self._seqs[seq_id] = seq
+        self.scheduler.add(seq)
+
+    def set_params(self, seq_id: str | int, params: LookaheadParams | None) -> None:
+        """Change a request's (N, W, G) from its next step on."""
+        self.config.check_params(params)
+        seq = self._seqs.get(seq_id)
+        if seq is not None:
+            seq.set_params(params)
+
+    def abort(self, seq_id: str | int) -> bool:
+        """Stop a request; its slot is freed at the next step. False if it is unknown or done."""
+        seq = self._seqs.get(seq_id)
+        if seq is None or seq.finished:
+            return False
+        seq.finish_reason = "abort"
+        seq.status = Status.FINISHED
+        sched = self.scheduler
+        if sched.remove_waiting(seq):
+            del self._seqs[seq_id]
+        elif sched.prefilling is seq:
+            sched.prefilling = None
+            self.cache.lengths[len(sched.running)] = 0
+            del self._seqs[seq_id]
+        self._finished_early.append(StepOutput(seq_id, [], "abort", _stats(seq)))
+        return True
+
+    def abort_all(self) -> None:
+        """Drop every request and free every slot (after a failed step)."""
+        sched = self.scheduler
+        for seq in self._seqs.values():
+            seq.finish_reason, seq.status = "abort", Status.FINISHED
+        self._seqs.clear()
+        self._finished_early.clear()
+        sched.waiting.clear()
+        sched.running.clear()
+        sched.prefilling = None
+        for slot in range(self.config.max_batch):
+            self.cache.lengths[slot] = 0
+            self.buffers.reset_slot(slot, 0)
+
+    def queue_depth(self) -> tuple[int, int]:
+        """(running, waiting); the sequence being prefilled counts as waiting."""
+        s = self.scheduler
+        return len(s.running), len(s.waiting) + (s.prefilling is not None)
+
+    def has_work(self) -> bool:
+        return bool(len(self.scheduler) or self._finished_early)
+
+    def running_params(self) -> dict[str | int, LookaheadParams | None]:
+        return {seq.seq_id: seq.params for seq in self.scheduler.running}
+
+    # ---- the step -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[StepOutput]:
+        t0 = time.perf_counter()
+        outputs, self._finished_early = self._finished_early, []
+        self._retire()
+        job = self.scheduler.next_prefill()
+        if job is not None:
+            self._prefill(*job)
+        if self.scheduler.running:
+            outputs.extend(self._decode())
+            self._retire()
+        self.step_s += time.perf_counter() - t0
+        return outputs
+
+    def _prefill(self, seq: Sequence, start: int, n: int) -> None:
+        slot = len(self.scheduler.running)
+        if n > 0:
+            r = self.runner
+            ids = torch.tensor([seq.tokens[start : start + n]], dtype=torch.long, device=r.device)
+            pos = torch.arange(start, start + n, device=r.device).unsqueeze(0)
+            m = self._prefill_mask[0, 0]
+            m[:n, start : start + n].copy_(self._causal[:n, :n])
+            self.cache.prepare_slot(slot, start, n)
+            r.model(input_ids=ids, position_ids=pos, attention_mask=self._prefill_mask[:, :, :n, : start + n], past_key_values=self.cache, use_cache=True)
+            m[:n, start : start + n].zero_()
+        self.cache.lengths[slot] = start + n
+        if self.scheduler.prefill_done(n) is not None:
+            self.buffers.reset_slot(slot, start + n)
+
+    def _decode(self) -> list[StepOutput]:
+        running = self.scheduler.running
+        buf, cache, lengths = self.buffers, self.cache, self.cache.lengths
+        rows = len(running)
+        widths = [seq.plan(buf.ids[b]) for b, seq in enumerate(running)]
+        width = max(widths)
+        for b, seq in enumerate(running):
+            n, start = widths[b], lengths[b]
+            pos = buf.pos[b]
+            np.add(seq.layout.offsets[:n], start, out=pos[:n])
+            pos[n:width] = start
+            np.minimum(pos[:width], self._max_position, out=pos[:width])
+            buf.ids[b, n:width] = 0
+            np.add(buf.arange[:width], start, out=buf.write_index[b, :width])
+            buf.write_block(b, start, seq.layout.mask_template[:n, :n], width)
+        buf.to_device(rows, width)
+        kv_len = max(lengths[:rows]) + width
+        cache.prepare_rows(rows, buf.dev[2, :rows, :width], kv_len)
+        t1 = time.perf_counter()
+        logits = self.runner.model(
+            input_ids=buf.dev[0, :rows, :width],
+            position_ids=buf.dev[1, :rows, :width],
+            attention_mask=buf.mask[:rows, :, :width, :kv_len],
+            past_key_values=cache,
+            use_cache=True,
+        ).logits
+        pred = logits.argmax(dim=-1).tolist()
+        self.forward_s += time.perf_counter() - t1
+
+        outputs, slots, src, dst = [], [], [], []
+        for b, seq in enumerate(running):
+            row, accepted = seq.accept(pred[b])
+            start = lengths[b]
+            for i in range(len(accepted) - 1):
+                slots.append(b)
+                src.append(start + row + i)
+                dst.append(start + 1 + i)
+            lengths[b] = start + len(accepted)
+            outputs.append(StepOutput(seq.seq_id, accepted, seq.finish_reason, _stats(seq) if seq.finished else {}))
+        if slots:
+            dev = self.runner.device
+            cache.compact(torch.tensor(slots, device=dev), torch.tensor(src, device=dev), torch.tensor(dst, device=dev))
+        return outputs
+
+    def _retire(self) -> None:
+        """Free the slots of finished sequences, keeping running ones in slots [0, running)."""
+        sched, cache = self.scheduler, self.cache
+        running = sched.running
+        before = len(running)
+        b = before - 1
+        while b >= 0:
+            if running[b].finished:
+                self._seqs.pop(running[b].seq_id, None)
+                last = len(running) - 1
+                if b != last:
+                    cache.move_slot(last, b)
+                    running[b] = running[last]
+                    self.buffers.reset_slot(b, cache.lengths[b])
+                else:
+                    cache.lengths[b] = 0
+                running.pop()
+            b -= 1
+        if sched.prefilling is not None and len(running) != before:
+            cache.move_slot(before, len(running))

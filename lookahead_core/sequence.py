@@ -1,0 +1,108 @@
+"""One request's decoding state: tokens, lookahead window and pool, stop rule and figures."""
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence as Seq
+
+import numpy as np
+
+from .layout import StepLayout
+from .ngram_pool import NGramPool
+from .params import LookaheadParams
+from .stopping import StopCondition
+from .verify import verify_greedy
+from .window import LookaheadWindow
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Plans the step rows of one request and takes the model's outputs for them.
+
+    The last accepted token is never in the KV cache: each step feeds it first. Changing the
+    lookahead params rebuilds the window and pool from the tokens so far; exactness does not
+    depend on them, only speed does.
+    """
+
+    def __init__(
+        self,
+        seq_id: str | int,
+        prompt: Seq[int],
+        params: LookaheadParams | None,
+        stop: StopCondition,
+        layout_for: Callable[[LookaheadParams | None], StepLayout],
+    ) -> None:
+        if len(prompt) == 0:
+            raise ValueError("the prompt must hold at least one token")
+        self.seq_id = seq_id
+        self.tokens: list[int] = [int(t) for t in prompt]
+        self.prompt_len = len(self.tokens)
+        self.stop = stop
+        self.status = Status.WAITING
+        self.finish_reason: str | None = None
+        self.steps = 0
+        self.accepted_histogram: dict[int, int] = {}
+        self._layout_for = layout_for
+        self._candidates: list[tuple[int, ...]] = []
+        self.params: LookaheadParams | None = None
+        self.layout = layout_for(None)
+        self.set_params(params)
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def set_params(self, params: LookaheadParams | None) -> None:
+        if params == self.params:
+            return
+        self.params = params
+        self.layout = self._layout_for(params)
+        if params is not None:
+            self.window = LookaheadWindow(params.n, params.w, self.tokens)
+            self.pool = NGramPool(params.n, params.g)
+            if params.pool_from_prompt:
+                self.pool.add_sequence(self.tokens)
+
+    def plan(self, ids: np.ndarray) -> int:
+        """Write this step's tokens [last | window | candidates] into `ids`; return how many."""
+        lay = self.layout
+        last = self.tokens[-1]
+        ids[0] = last
+        if self.params is None:
+            self._candidates = []
+            return 1
+        cands = self.pool.lookup(last)[: lay.g]
+        self._candidates = cands
+        ids[lay.window_start : lay.cand_start] = self.window.flat()
+        n_tok = lay.step_tokens(len(cands))
+        if cands:
+            ids[lay.cand_start : n_tok] = [t for cand in cands for t in cand]
+        return n_tok
+
+    def accept(self, pred: Seq[int]) -> tuple[int, list[int]]:
+        """Verify against the step's argmax outputs; returns (step row of the accepted
+        candidate's first token, or -1, the new tokens after stop rules)."""
+        lay = self.layout
+        chosen, accepted = verify_greedy(pred, self._candidates, lay.cand_start)
+        accepted, self.finish_reason = self.stop.clip(accepted, len(self.tokens) - self.prompt_len)
+        before = len(self.tokens)
+        self.tokens.extend(accepted)
+        if self.params is not None:
+            pool = self.pool
+            for ngram in self.window.update(pred[lay.newest_level_start : lay.cand_start]):
+                pool.add(ngram[0], ngram[1:])
+            if self.params.pool_from_prompt:
+                pool.add_sequence(self.tokens, start=before - self.params.n + 1)
+        self.steps += 1
+        self.accepted_histogram[len(accepted)] = self.accepted_histogram.get(len(accepted), 0) + 1
+        if self.finished:
+            self.status = Status.FINISHED
+        return (lay.candidate_row(chosen) if chosen >= 0 else -1), accepted

@@ -1,0 +1,71 @@
+import asyncio
+import time
+
+import pytest
+
+from lookahead_core import LookaheadParams
+from lookahead_core.async_engine import AsyncEngine
+from lookahead_core.engine import Engine
+from lookahead_core.engine_config import EngineConfig
+from lookahead_core.tiny_models import build_random_model
+
+from .helpers import well_conditioned_cases
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = build_random_model("llama")
+    cases = well_conditioned_cases(model, 4, 512, seed=31, max_new_tokens=24)
+    engine = AsyncEngine(Engine(model, EngineConfig(max_batch=4, prefill_chunk=16, max_new_tokens=512)))
+    yield engine, cases
+    engine.shutdown()
+
+
+def test_concurrent_streams_equal_their_references(setup):
+    engine, cases = setup
+    params = [None, LookaheadParams(3, 4, 4), LookaheadParams(5, 7, 7), LookaheadParams(4, 5, 5)]
+
+    async def one(i):
+        out = []
+        async for step in engine.generate(cases[i][0], max_new_tokens=24, params=params[i], eos_token_id=[]):
+            out += step.tokens
+            last = step
+        return out, last
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(4)))
+
+    results = asyncio.run(main())
+    for (tokens, last), (_, ref) in zip(results, cases):
+        assert tokens == ref
+        assert last.finish_reason == "length" and last.stats["new_tokens"] == 24
+
+
+def test_closing_a_stream_frees_its_slot(setup):
+    engine, cases = setup
+
+    async def main():
+        stream = engine.generate(cases[0][0], max_new_tokens=500, eos_token_id=[])
+        await stream.__anext__()
+        assert engine.queue_depth()[0] == 1
+        await stream.aclose()
+        for _ in range(100):
+            if engine.queue_depth() == (0, 0):
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    assert asyncio.run(main())
+
+
+def test_invalid_request_raises_before_streaming(setup):
+    engine, _ = setup
+
+    async def main():
+        async for _ in engine.generate([5, 6], max_new_tokens=10_000):
+            pass
+
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        asyncio.run(main())
+    time.sleep(0.05)
+    assert engine.queue_depth() == (0, 0)

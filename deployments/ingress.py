@@ -1,0 +1,150 @@
+"""HTTP ingress: /generate, /health, /v1/models, /v1/completions, /v1/chat/completions."""
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+
+from .schemas import ChatRequest, CompletionRequest, GenerateRequest, stop_list
+
+app = FastAPI(title="lookahead-serve", description="Exact Lookahead Decoding on Ray Serve")
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 with one readable message per problem (malformed JSON lands here too)."""
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        problems.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+    return JSONResponse(status_code=422, content={"error": {"status": 422, "message": "; ".join(problems)}})
+
+
+def _error_response(err: dict) -> JSONResponse:
+    headers = {"Retry-After": "1"} if err["status"] == 503 else None
+    return JSONResponse(status_code=err["status"], content={"error": err}, headers=headers)
+
+
+def _sse(obj) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+def _chat_prompt(messages: list[dict]) -> str:
+    # A plain transcript ending with the assistant's turn (the default model has no chat template).
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+@serve.deployment(name="LookaheadAPI", max_ongoing_requests=256)
+@serve.ingress(app)
+class LookaheadAPI:
+    def __init__(self, model: DeploymentHandle, model_name: str) -> None:
+        self.model = model
+        self.stream_handle = model.options(stream=True)
+        self.model_name = model_name
+
+    async def _open(self, body: dict):
+        """Start a generation; returns (chunk iterator, None) or (None, error dict)."""
+        try:
+            gen = self.stream_handle.generate.remote(body)
+            first = await gen.__anext__()
+        except BackPressureError:
+            return None, {"status": 503, "message": "server overloaded: too many queued requests, retry later"}
+        if "error" in first:
+            return None, first["error"]
+
+        async def chunks() -> AsyncIterator[dict]:
+            yield first
+            async for item in gen:
+                yield item
+
+        return chunks(), None
+
+    @app.get("/health")
+    async def health(self) -> dict:
+        info = await self.model.info.remote()
+        return {"status": "ok", **info}
+
+    @app.get("/v1/models")
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "lookahead-serve"}]}
+
+    @app.post("/generate")
+    async def generate(self, req: GenerateRequest):
+        body = req.model_dump()
+        chunks, err = await self._open(body)
+        if err:
+            return _error_response(err)
+        if req.stream:
+            async def events() -> AsyncIterator[bytes]:
+                async for item in chunks:
+                    yield _sse(item)
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        async for item in chunks:
+            if item.get("done"):
+                item.pop("done")
+                return item
+        return _error_response({"status": 500, "message": "generation ended without a result"})
+
+    # ---- OpenAI-compatible ------------------------------------------------------------------
+
+    async def _openai(self, prompt: str, req, chat: bool):
+        body = {"prompt": prompt, "max_new_tokens": req.max_tokens, "stop": stop_list(req.stop),
+                "lookahead": req.lookahead if isinstance(req.lookahead, str) else req.lookahead.model_dump()}
+        chunks, err = await self._open(body)
+        if err:
+            return _error_response(err)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+
+        def finish(reason: str) -> str:
+            return "length" if reason == "length" else "stop"
+
+        if req.stream:
+            async def events() -> AsyncIterator[bytes]:
+                if chat:
+                    yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
+                                "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+                async for item in chunks:
+                    if item.get("done"):
+                        end = {"index": 0, "finish_reason": finish(item["finish_reason"])}
+                        end.update({"delta": {}} if chat else {"text": "", "logprobs": None})
+                        yield _sse({"id": rid, "object": kind + (".chunk" if chat else ""), "created": created,
+                                    "model": self.model_name, "choices": [end], "usage": item["usage"]})
+                    elif item["text"]:
+                        choice = {"index": 0, "finish_reason": None}
+                        choice.update({"delta": {"content": item["text"]}} if chat else {"text": item["text"], "logprobs": None})
+                        yield _sse({"id": rid, "object": kind + (".chunk" if chat else ""), "created": created,
+                                    "model": self.model_name, "choices": [choice]})
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        async for item in chunks:
+            if item.get("done"):
+                usage = item["usage"]
+                choice = {"index": 0, "finish_reason": finish(item["finish_reason"])}
+                if chat:
+                    choice["message"] = {"role": "assistant", "content": item["text"]}
+                else:
+                    choice.update({"text": item["text"], "logprobs": None})
+                return {"id": rid, "object": kind, "created": created, "model": self.model_name, "choices": [choice],
+                        "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
+                        "lookahead": item["lookahead"]}
+        return _error_response({"status": 500, "message": "generation ended without a result"})
+
+    @app.post("/v1/completions")
+    async def completions(self, req: CompletionRequest):
+        return await self._openai(req.text, req, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(self, req: ChatRequest):
+        return await self._openai(_chat_prompt([m.model_dump() for m in req.messages]), req, chat=True)

@@ -1,0 +1,171 @@
+"""Model replicas: each holds the model, the batching engine and the router."""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from ray import serve
+from ray.serve import metrics
+
+from lookahead_core.async_engine import AsyncEngine
+from lookahead_core.auto_lookahead import AutoLookahead
+from lookahead_core.engine import Engine, EngineOverloaded
+from lookahead_core.loading import load_model
+from lookahead_core.model_runner import ModelRunner
+from lookahead_core.params import LookaheadParams
+from lookahead_core.router import Router
+
+from .config import PROJECT_ROOT, AppArgs, resolve_path
+from .text_stream import TextStream
+
+log = logging.getLogger("ray.serve")
+
+
+def _error(status: int, message: str) -> dict:
+    return {"error": {"status": status, "message": message}}
+
+
+@serve.deployment(name="LookaheadModel", max_ongoing_requests=64)
+class LookaheadModel:
+    def __init__(self, args: dict) -> None:
+        self.args = AppArgs.model_validate(args)
+        m = self.args.model
+        model, tokenizer = load_model(resolve_path(m.path), dtype=m.dtype, device=m.device,
+                                      attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code)
+        if tokenizer is None:
+            raise ValueError(f"model {m.path!r} has no tokenizer")
+        self.tokenizer = tokenizer
+        self.engine = Engine(ModelRunner(model), self.args.engine)
+        router_cfg = self.args.router.model_copy(update={"max_batch": self.args.engine.max_batch})
+        self.auto = AutoLookahead(Router(router_cfg, base_dir=PROJECT_ROOT))
+        self.async_engine = AsyncEngine(self.engine, before_step=self.auto.before_step)
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        self.eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        tags = ("lookahead",)
+        self.m_compression = metrics.Histogram("lookahead_compression", "tokens per decode step, per request",
+                                               boundaries=[1, 1.25, 1.5, 2, 2.5, 3, 4, 6], tag_keys=tags)
+        self.m_accepted = metrics.Histogram("lookahead_accepted_tokens_per_step", "tokens accepted in one step",
+                                            boundaries=[1, 2, 3, 4, 5, 6, 8], tag_keys=tags)
+        self.m_ttft = metrics.Histogram("lookahead_ttft_ms", "time to first token",
+                                        boundaries=[10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000])
+        self.m_tpot = metrics.Histogram("lookahead_tpot_ms", "time per output token after the first",
+                                        boundaries=[1, 2, 5, 10, 20, 50, 100, 250])
+        self.m_running = metrics.Gauge("lookahead_running_requests", "sequences decoding on this replica")
+        self.m_waiting = metrics.Gauge("lookahead_waiting_requests", "sequences queued on this replica")
+        self.m_n = metrics.Gauge("lookahead_router_n", "N chosen by the router (0 = plain)")
+        self.m_w = metrics.Gauge("lookahead_router_w", "W chosen by the router")
+        self.m_g = metrics.Gauge("lookahead_router_g", "G chosen by the router")
+
+    def info(self) -> dict:
+        running, waiting = self.async_engine.queue_depth()
+        cur = self.auto.current
+        return {
+            "model": self.args.model.served_name,
+            "running": running,
+            "waiting": waiting,
+            "router": {"policy": self.args.router.policy, "current": None if cur is None else [cur.n, cur.w, cur.g],
+                       "steps_by_choice": dict(self.auto.choices)},
+        }
+
+    def _params(self, lookahead) -> LookaheadParams | None:
+        if lookahead in (None, "off"):
+            return None
+        return LookaheadParams(lookahead["n"], lookahead["w"], lookahead["g"])
+
+    def _prompt(self, request: dict) -> list[int] | dict:
+        limits = self.args.limits
+        stops = request.get("stop") or []
+        if len(stops) > limits.max_stop_strings or any(not s or len(s) > limits.max_stop_chars for s in stops):
+            return _error(400, f"`stop` takes at most {limits.max_stop_strings} non-empty strings of at most "
+                               f"{limits.max_stop_chars} characters")
+        if request.get("input_ids") is not None:
+            return [int(t) for t in request["input_ids"]]
+        ids = self.tokenizer(request["prompt"])["input_ids"]
+        return ids if ids else _error(400, "the prompt tokenizes to nothing")
+
+    async def generate(self, request: dict) -> AsyncIterator[dict]:
+        """Stream one dict per engine step, {"token_ids", "text"}, then a summary with "done".
+        A refused request yields a single {"error": {"status", "message"}}."""
+        t0 = time.perf_counter()
+        prompt_ids = self._prompt(request)
+        if isinstance(prompt_ids, dict):
+            yield prompt_ids
+            return
+        lookahead = request.get("lookahead", "auto")
+        auto = lookahead == "auto"
+        seq_id = request.get("request_id") or uuid.uuid4().hex
+        try:
+            params = self.auto.register(seq_id) if auto else self._params(lookahead)
+        except ValueError as exc:
+            yield _error(400, str(exc))
+            return
+        stream = self.async_engine.generate(prompt_ids, max_new_tokens=request["max_new_tokens"], params=params,
+                                            eos_token_id=self.eos, request_id=seq_id)
+        text = TextStream(self.tokenizer, request.get("stop") or [])
+        tokens: list[int] = []
+        steps, ttft, finish = 0, None, "length"
+        try:
+            async for out in stream:
+                if out.tokens:
+                    steps += 1
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    tokens.extend(out.tokens)
+                    self.m_accepted.observe(len(out.tokens), tags={"lookahead": "auto" if auto else str(lookahead != "off")})
+                    delta, hit = text.push(out.tokens)
+                    yield {"token_ids": out.tokens, "text": delta}
+                    if hit:
+                        finish = "stop"
+                        break
+                if out.finish_reason is not None:
+                    finish = out.finish_reason
+                    break
+        except EngineOverloaded as exc:
+            yield _error(503, f"replica overloaded: {exc}")
+            return
+        except (ValueError, TypeError) as exc:
+            yield _error(400, str(exc))
+            return
+        finally:
+            await stream.aclose()
+            self.auto.forget(seq_id)
+        tail = text.flush()
+        if tail:
+            yield {"token_ids": [], "text": tail}
+        total = time.perf_counter() - t0
+        chosen = self.auto.current if auto else params
+        mode = "auto" if auto else ("off" if params is None else "fixed")
+        summary = {
+            "done": True,
+            "text": text.text,
+            "token_ids": tokens,
+            "finish_reason": {"eos": "eos", "stop": "stop"}.get(finish, "length"),
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens)},
+            "lookahead": {"mode": mode, "n": chosen.n if chosen else None, "w": chosen.w if chosen else None,
+                          "g": chosen.g if chosen else None, "steps": steps,
+                          "compression": round(len(tokens) / steps, 3) if steps else None},
+            "timings": {"ttft_ms": round(1000 * (ttft if ttft is not None else total), 2), "total_ms": round(1000 * total, 2)},
+        }
+        self._observe(summary, mode, total, ttft)
+        yield summary
+
+    def _observe(self, summary: dict, mode: str, total: float, ttft: float | None) -> None:
+        steps, n_tok = summary["lookahead"]["steps"], summary["usage"]["completion_tokens"]
+        if steps:
+            self.m_compression.observe(n_tok / steps, tags={"lookahead": mode})
+        self.m_ttft.observe(summary["timings"]["ttft_ms"])
+        if n_tok > 1 and ttft is not None:
+            self.m_tpot.observe((total - ttft) * 1000 / (n_tok - 1))
+        running, waiting = self.async_engine.queue_depth()
+        self.m_running.set(running)
+        self.m_waiting.set(waiting)
+        cur = self.auto.current
+        self.m_n.set(cur.n if cur else 0)
+        self.m_w.set(cur.w if cur else 0)
+        self.m_g.set(cur.g if cur else 0)
+
+    def __del__(self) -> None:
+        engine = getattr(self, "async_engine", None)
+        if engine is not None:
+            engine.shutdown()

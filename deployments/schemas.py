@@ -1,0 +1,115 @@
+"""HTTP request bodies; anything malformed is a 4xx with a message before it reaches a replica."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from lookahead_core.params import LookaheadParams
+
+
+class LookaheadSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    n: int = Field(ge=2)
+    w: int = Field(ge=1)
+    g: int = Field(ge=0)
+
+
+def parse_lookahead(value):
+    """"auto", "off" or {"n", "w", "g"}, with one clear message when it is none of them."""
+    if isinstance(value, str):
+        if value not in ("auto", "off"):
+            raise ValueError(f"must be \"auto\", \"off\" or {{\"n\": .., \"w\": .., \"g\": ..}}, got {value!r}")
+        return value
+    if isinstance(value, dict):
+        unknown = set(value) - {"n", "w", "g"}
+        if unknown or set(value) != {"n", "w", "g"}:
+            raise ValueError(f"takes exactly the keys n, w, g, got {sorted(value)}")
+        LookaheadParams(value["n"], value["w"], value["g"])
+        return LookaheadSpec(**value)
+    if isinstance(value, LookaheadSpec):
+        return value
+    raise ValueError(f"must be \"auto\", \"off\" or an object with n, w, g, got {type(value).__name__}")
+
+
+class _WithLookahead(BaseModel):
+    lookahead: Literal["auto", "off"] | LookaheadSpec = "auto"
+
+    @field_validator("lookahead", mode="before")
+    @classmethod
+    def _lookahead(cls, value):
+        return parse_lookahead(value)
+
+
+class GenerateRequest(_WithLookahead):
+    model_config = ConfigDict(extra="forbid")
+    prompt: str | None = None
+    input_ids: list[int] | None = None
+    max_new_tokens: int = Field(128, ge=1)
+    stop: list[str] = Field(default_factory=list)
+    stream: bool = False
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        if (self.prompt is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of `prompt` (a string) or `input_ids` (a list of token ids)")
+        if self.prompt is not None and not self.prompt:
+            raise ValueError("`prompt` must not be empty")
+        if self.input_ids is not None and not self.input_ids:
+            raise ValueError("`input_ids` must not be empty")
+        return self
+
+
+class CompletionRequest(_WithLookahead):
+    """OpenAI /v1/completions; fields it does not support are refused, not ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | list[str]
+    max_tokens: int = Field(16, ge=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0)
+    n: int = Field(1, ge=1, le=1)
+
+    @model_validator(mode="after")
+    def _supported(self) -> CompletionRequest:
+        if isinstance(self.prompt, list):
+            if len(self.prompt) != 1:
+                raise ValueError("batched prompts are not supported: send one prompt per request")
+        if self.temperature:
+            raise ValueError("sampling is not supported yet: use temperature 0 (greedy)")
+        return self
+
+    @property
+    def text(self) -> str:
+        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatRequest(_WithLookahead):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int = Field(128, ge=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0)
+    n: int = Field(1, ge=1, le=1)
+
+    @model_validator(mode="after")
+    def _supported(self) -> ChatRequest:
+        if self.temperature:
+            raise ValueError("sampling is not supported yet: use temperature 0 (greedy)")
+        return self
+
+
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)

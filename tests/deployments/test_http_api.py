@@ -1,0 +1,142 @@
+"""Every endpoint of a real Serve app over HTTP; outputs equal `lookahead_core.generate`."""
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lookahead_core import LookaheadParams, generate
+
+
+@pytest.fixture(scope="module")
+def local(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    return model, AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def expected(local, prompt, max_new, params=None):
+    model, tok = local
+    ids = tok(prompt)["input_ids"]
+    return generate(model, torch.tensor([ids]), max_new_tokens=max_new, params=params).tokens
+
+
+def post(server, path, body, **kw):
+    return requests.post(server + path, json=body, timeout=60, **kw)
+
+
+def test_health_and_models(server):
+    h = requests.get(server + "/health", timeout=10).json()
+    assert h["status"] == "ok" and h["model"] == "tiny"
+    m = requests.get(server + "/v1/models", timeout=10).json()
+    assert m["data"][0]["id"] == "tiny"
+
+
+def test_generate_matches_the_library(server, local):
+    r = post(server, "/generate", {"prompt": "def add(a, b):", "max_new_tokens": 20, "lookahead": {"n": 4, "w": 3, "g": 3}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["token_ids"] == expected(local, "def add(a, b):", 20)
+    assert body["finish_reason"] in ("length", "eos")
+    assert body["usage"] == {"prompt_tokens": len("def add(a, b):"), "completion_tokens": len(body["token_ids"])}
+    assert body["lookahead"]["n"] == 4 and body["lookahead"]["steps"] >= 1
+    assert body["timings"]["total_ms"] >= body["timings"]["ttft_ms"] > 0
+    assert body["text"] == local[1].decode(body["token_ids"], skip_special_tokens=True)
+
+
+def test_generate_from_input_ids(server, local):
+    ids = local[1]("x = 1\n")["input_ids"]
+    body = post(server, "/generate", {"input_ids": ids, "max_new_tokens": 8, "lookahead": "off"}).json()
+    assert body["token_ids"] == expected(local, "x = 1\n", 8) and body["lookahead"]["mode"] == "off"
+
+
+def test_streaming_is_token_accurate(server, local):
+    r = post(server, "/generate", {"prompt": "import os", "max_new_tokens": 16, "stream": True}, stream=True)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [line[len("data: "):] for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    summary = chunks[-1]
+    assert summary["done"] is True
+    steps = [c for c in chunks[:-1] if c["token_ids"]]
+    assert [t for c in steps for t in c["token_ids"]] == summary["token_ids"] == expected(local, "import os", 16)
+    assert len(steps) == summary["lookahead"]["steps"]
+    assert "".join(c["text"] for c in chunks[:-1]) == summary["text"]
+
+
+def test_concurrent_requests_with_different_lookahead(server, local):
+    cases = [("def f(x):", "off"), ("class A:", {"n": 3, "w": 2, "g": 2}), ("for i in", {"n": 5, "w": 4, "g": 4}),
+             ("while True:", "auto"), ("return x", {"n": 2, "w": 1, "g": 1}), ("if a:", "auto")]
+
+    def one(case):
+        prompt, la = case
+        return post(server, "/generate", {"prompt": prompt, "max_new_tokens": 24, "lookahead": la}).json()
+
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(one, cases))
+    for (prompt, _), body in zip(cases, results):
+        assert body["token_ids"] == expected(local, prompt, 24), prompt
+
+
+def test_stop_strings_cut_the_text(server, local):
+    full = post(server, "/generate", {"prompt": "abc", "max_new_tokens": 24, "lookahead": "off"}).json()
+    text = full["text"]
+    if len(text) < 4:
+        pytest.skip("the random model ended too early to pick a stop string")
+    stop = text[2:4]
+    cut = post(server, "/generate", {"prompt": "abc", "max_new_tokens": 24, "stop": [stop]}).json()
+    assert cut["finish_reason"] == "stop" and cut["text"] == text[: text.index(stop)]
+
+
+def test_openai_completions(server, local):
+    r = post(server, "/v1/completions", {"model": "tiny", "prompt": "def g():", "max_tokens": 12})
+    body = r.json()
+    assert body["object"] == "text_completion" and body["usage"]["completion_tokens"] <= 12
+    assert body["choices"][0]["text"] == local[1].decode(expected(local, "def g():", 12), skip_special_tokens=True)
+    r = post(server, "/v1/completions", {"prompt": "def g():", "max_tokens": 12, "stream": True}, stream=True)
+    lines = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in lines[:-1])
+    assert text == body["choices"][0]["text"]
+
+
+def test_openai_chat(server):
+    body = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}).json()
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}, stream=True)
+    lines = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    assert json.loads(lines[0][6:])["choices"][0]["delta"] == {"role": "assistant"} and lines[-1] == "data: [DONE]"
+    content = "".join(json.loads(l[6:])["choices"][0]["delta"].get("content", "") for l in lines[:-1])
+    assert content == body["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize(
+    "path, body, status, message",
+    [
+        ("/generate", "{not json", 422, "JSON"),
+        ("/generate", {"prompt": 5}, 422, "prompt"),
+        ("/generate", {"prompt": "x", "max_new_tokens": -1}, 422, "max_new_tokens"),
+        ("/generate", {"prompt": "x", "max_new_tokens": "many"}, 422, "max_new_tokens"),
+        ("/generate", {"prompt": "x", "max_new_tokens": 10**9}, 400, "max_new_tokens"),
+        ("/generate", {"prompt": "x" * 300, "max_new_tokens": 8}, 400, "exceeds this engine's limit"),
+        ("/generate", {"prompt": "x", "lookahead": "fast"}, 422, "lookahead"),
+        ("/generate", {"prompt": "x", "lookahead": {"n": 1, "w": 2, "g": 2}}, 422, "n must be >= 2"),
+        ("/generate", {"prompt": "x", "lookahead": {"n": 3, "w": 2}}, 422, "exactly the keys n, w, g"),
+        ("/generate", {"prompt": "x", "lookahead": {"n": 99, "w": 2, "g": 2}}, 400, "n=99 exceeds"),
+        ("/generate", {"prompt": "x", "extra": 1}, 422, "extra"),
+        ("/generate", {"max_new_tokens": 3}, 422, "exactly one of"),
+        ("/generate", {"input_ids": [1, 5000], "max_new_tokens": 4}, 400, "vocabulary"),
+        ("/generate", {"prompt": "x", "max_new_tokens": 4, "stop": ["a"] * 40}, 400, "stop"),
+        ("/v1/completions", {"prompt": ["a", "b"]}, 422, "one prompt"),
+        ("/v1/completions", {"prompt": "a", "temperature": 0.7}, 422, "sampling"),
+        ("/v1/chat/completions", {"messages": []}, 422, "messages"),
+    ],
+)
+def test_bad_input_is_a_4xx_with_a_message(server, path, body, status, message):
+    if isinstance(body, str):
+        r = requests.post(server + path, data=body, headers={"content-type": "application/json"}, timeout=30)
+    else:
+        r = post(server, path, body)
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]["message"]

@@ -5,18 +5,22 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 
-.PHONY: install test bench clean
+.PHONY: install test serve bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,bench]"
 	touch $@
 
 install: $(VENV)/.installed
 
 test: install
 	$(PY) -m pytest -q
+
+# Ray on a small machine: no usage reporting, no token auth for a local cluster.
+serve: install
+	RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled $(VENV)/bin/serve run serve_config.yaml
 
 bench: install
 	$(PY) benchmarks/bench_decode.py

@@ -1,3 +1,68 @@
+"""Shared fixtures: a real Ray Serve application on CPU with a tiny saved model (one per session)."""
+import os
+import socket
+import time
+
+import pytest
 import torch
+import requests
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from lookahead_core.tiny_models import build_random_model
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-serve-model")
+    model = build_random_model("llama", vocab_size=128)
+    model.generation_config.eos_token_id = 1
+    model.save_pretrained(path)
+    vocab = {chr(i): i for i in range(32, 127)}
+    vocab.update({"<unk>": 0, "</s>": 1, "\n": 10})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>").save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir):
+    """Base URL of a running app; torn down (Serve and Ray) at the end of the session."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+    from ray import serve
+
+    from deployments.app import build_app
+
+    port = _free_port()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    args = {
+        "model": {"path": str(tiny_model_dir), "name": "tiny"},
+        "engine": {"max_batch": 4, "max_seq_len": 256, "max_new_tokens": 64, "prefill_chunk": 32},
+        "router": {"policy": "fixed", "fixed": {"n": 3, "w": 3, "g": 3}},
+        "num_cpus": 0,
+    }
+    serve.run(build_app(args), name="lookahead", route_prefix="/")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if requests.get(url + "/health", timeout=5).status_code == 200:
+                break
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    yield url
+    serve.shutdown()
+    ray.shutdown()
 
 torch.set_num_threads(2)

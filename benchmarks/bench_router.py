@@ -1,0 +1,134 @@
+"""Real open-loop benchmark of the router policies against the engine, all in one run.
+
+    python benchmarks/bench_router.py --model models/tiny-pycoder --profile configs/profiles/tiny-pycoder-cpu.yaml \\
+        --png docs/img/router_open_loop.png --json results/bench_router.json
+
+Poisson arrivals (the same seeded schedule for every policy) at low, medium and high rates.
+Latency runs from each request's scheduled arrival, so queueing counts. Goodput = tokens per
+second of the requests that met the TPOT SLO. Policies: plain, each fixed setting, goodput.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench_decode import load_prompts  # noqa: E402
+from benchmarks.router_common import plot, policies, summarize  # noqa: E402
+from lookahead_core.auto_lookahead import AutoLookahead  # noqa: E402
+from lookahead_core.engine import Engine  # noqa: E402
+from lookahead_core.engine_config import EngineConfig  # noqa: E402
+from lookahead_core.loading import load_model  # noqa: E402
+from lookahead_core.model_runner import ModelRunner  # noqa: E402
+from lookahead_core.profile import StepCostProfile  # noqa: E402
+from lookahead_core.router import Router  # noqa: E402
+
+
+def open_loop(engine: Engine, auto: AutoLookahead, prompts, arrivals: list[float], max_new: int) -> tuple:
+    n = len(arrivals)
+    first, done, produced = {}, {}, {}
+    nxt = 0
+    t0 = time.perf_counter()
+    while len(done) < n:
+        now = time.perf_counter() - t0
+        while nxt < n and arrivals[nxt] <= now:
+            engine.add_request(nxt, prompts[nxt % len(prompts)], max_new_tokens=max_new, params=auto.register(nxt), eos_token_id=[])
+            nxt += 1
+        if not engine.has_work():
+            time.sleep(max(0.0, arrivals[nxt] - now))
+            continue
+        auto.before_step(engine)
+        outs = engine.step()
+        now = time.perf_counter() - t0
+        for out in outs:
+            if out.tokens and out.seq_id not in first:
+                first[out.seq_id] = now
+            produced[out.seq_id] = produced.get(out.seq_id, 0) + len(out.tokens)
+            if out.finish_reason is not None:
+                done[out.seq_id] = now
+                auto.forget(out.seq_id)
+    lat = [done[i] - arrivals[i] for i in range(n)]
+    ttft = [first[i] - arrivals[i] for i in range(n)]
+    tpot = [(done[i] - first[i]) / max(1, produced[i] - 1) for i in range(n)]
+    return lat, ttft, tpot, [produced[i] for i in range(n)], max(done.values()) - arrivals[0]
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="models/tiny-pycoder")
+    ap.add_argument("--profile", default="configs/profiles/tiny-pycoder-cpu.yaml")
+    ap.add_argument("--prompts", default="benchmarks/prompts/code.jsonl")
+    ap.add_argument("--rates", default=None, help="low,medium,high requests/s; default from the profile's plain capacity")
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--fixed", default="3,4,4;4,5,5")
+    ap.add_argument("--slo-tpot-ms", type=float, default=50.0)
+    ap.add_argument("--png", default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    profile = StepCostProfile.load(args.profile)
+    model, tok = load_model(args.model)
+    prompts = load_prompts(args.prompts, tok, 64, model.config.vocab_size, 64, seed=0)
+    engine = Engine(ModelRunner(model), EngineConfig(max_batch=args.max_batch, max_new_tokens=args.max_new_tokens, prefill_chunk=256))
+    capacity = args.max_batch / (profile.step_ms(args.max_batch, 1) / 1000 * args.max_new_tokens)
+    rates = [float(r) for r in args.rates.split(",")] if args.rates else [round(capacity * f, 2) for f in (0.1, 0.5, 1.5)]
+    fixed = [s for s in args.fixed.split(";") if s.strip()]
+    configs = policies(args.profile, profile, args.max_batch, fixed, args.slo_tpot_ms)
+
+    results: dict[str, dict[float, dict]] = {}
+    total, count, start = len(configs) * len(rates), 0, time.perf_counter()
+    open_loop(engine, AutoLookahead(Router(configs["plain"], profile=profile)), prompts, [0.0, 0.0], 8)  # warm-up
+    for rate in rates:
+        rng = random.Random(args.seed)
+        arrivals, t = [], 0.0
+        for _ in range(args.requests):
+            arrivals.append(t)
+            t += rng.expovariate(rate)
+        for name, cfg in configs.items():
+            auto = AutoLookahead(Router(cfg, profile=profile))
+            lat, ttft, tpot, sizes, makespan = open_loop(engine, auto, prompts, arrivals, args.max_new_tokens)
+            r = summarize(lat, ttft, tpot, sum(sizes), makespan, None, args.slo_tpot_ms, sizes)
+            total_choices = sum(auto.choices.values())
+            r["choices"] = {k: round(v / total_choices, 3) for k, v in sorted(auto.choices.items())}
+            results.setdefault(name, {})[rate] = r
+            count += 1
+            el = time.perf_counter() - start
+            print(f"\r[{count}/{total}] {el:.0f}s, ETA {el / count * (total - count):.0f}s", end="", file=sys.stderr)
+    print(file=sys.stderr)
+
+    print(f"model={args.model} requests/level={args.requests} max_new_tokens={args.max_new_tokens} max_batch={args.max_batch} "
+          f"SLO tpot<={args.slo_tpot_ms}ms; rates (req/s) = {rates}")
+    print(f"{'policy':<16}{'rate':>7}{'p50 s':>8}{'p95 s':>8}{'ttft50':>8}{'tok/s':>8}{'goodput':>9}{'SLO ok':>8}  choices")
+    for name, by_rate in results.items():
+        for rate, r in by_rate.items():
+            print(f"{name:<16}{rate:>7.2f}{r['p50_latency_s']:>8.2f}{r['p95_latency_s']:>8.2f}{r['p50_ttft_s']:>8.2f}"
+                  f"{r['throughput_tok_s']:>8.0f}{r['goodput_tok_s']:>9.0f}{r['slo_attainment']:>8.0%}  {r['choices']}")
+    g, p = results["goodput"], results["plain"]
+    fixed_names = [k for k in results if k.startswith("fixed")]
+    checks = {
+        "low_load_p50_vs_plain": g[rates[0]]["p50_latency_s"] / p[rates[0]]["p50_latency_s"],
+        "high_load_throughput_vs_plain": g[rates[-1]]["throughput_tok_s"] / p[rates[-1]]["throughput_tok_s"],
+        "goodput_vs_best_fixed_or_plain": {
+            str(rate): g[rate]["goodput_tok_s"] / max(results[k][rate]["goodput_tok_s"] for k in fixed_names + ["plain"])
+            for rate in rates
+        },
+    }
+    print(json.dumps(checks, indent=1))
+    if args.png:
+        Path(args.png).parent.mkdir(parents=True, exist_ok=True)
+        plot(results, rates, args.png, f"open-loop router benchmark, {Path(args.model).name}, max_batch={args.max_batch}")
+    report = {"args": vars(args), "rates": rates, "results": {k: {str(r): v for r, v in by.items()} for k, by in results.items()}, "checks": checks}
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()

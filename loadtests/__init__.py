@@ -1,0 +1,1 @@
+"""Locust load tests of the HTTP API, with latency SLO gates."""

@@ -1,0 +1,155 @@
+"""Streaming /generate users; TTFT, per-token TPOT, end-to-end latency and output tokens/s as
+locust entries; SLO verdict at quit (exit code 1 on a breach).
+
+    locust -f loadtests/locustfile.py --headless -u 8 -r 2 -t 60s --host http://127.0.0.1:8000 \\
+        --slo-file loadtests/slo.yaml --prompt-set code --lookahead auto
+
+LOOKAHEAD_SHAPE=step|spike|soak picks a load shape from loadtests/shapes.py (it overrides -u/-r/-t).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from locust import HttpUser, constant, events, task
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from loadtests.slo import ENTRIES, PERCENTILES, SloConfig, table, verdict  # noqa: E402
+
+if os.environ.get("LOOKAHEAD_SHAPE"):
+    from loadtests.shapes import SHAPES
+
+    globals()[SHAPES[os.environ["LOOKAHEAD_SHAPE"]].__name__] = SHAPES[os.environ["LOOKAHEAD_SHAPE"]]
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = {"mix": {}, "compression": [], "steps": 0, "tokens": 0, "met_slo": 0}
+LIMITS: dict[str, float] = {}
+
+
+@events.test_start.add_listener
+def _limits(environment, **_kwargs) -> None:
+    """Per-request bounds for goodput: each entry's tail bound (the highest percentile given)."""
+    cfg = SloConfig.load(environment.parsed_options.slo_file)
+    for entry, slo in cfg.entries.items():
+        bound = next((v for v in (slo.p99, slo.p95, slo.p90, slo.p50) if v is not None), None)
+        if bound is not None:
+            LIMITS[entry] = bound
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser) -> None:
+    parser.add_argument("--slo-file", default=str(ROOT / "loadtests" / "slo.yaml"))
+    parser.add_argument("--prompt-set", default="code", help="code | text | a JSONL path")
+    parser.add_argument("--lookahead", default="auto", help='auto | off | "n,w,g"')
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--summary-json", default="", help="write figures and verdict here")
+
+
+def _prompts(spec: str) -> list[str]:
+    path = Path(spec) if spec.endswith(".jsonl") else ROOT / "benchmarks" / "prompts" / f"{spec}.jsonl"
+    return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def _lookahead(spec: str):
+    if spec in ("auto", "off"):
+        return spec
+    n, w, g = (int(x) for x in spec.split(","))
+    return {"n": n, "w": w, "g": g}
+
+
+def _record(environment, name: str, value: float) -> None:
+    environment.events.request.fire(request_type="METRIC", name=name, response_time=value, response_length=0, exception=None, context={})
+
+
+class GenerateUser(HttpUser):
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        opts = self.environment.parsed_options
+        self.prompts = _prompts(opts.prompt_set)
+        self.lookahead = _lookahead(opts.lookahead)
+        self.max_new = opts.max_new_tokens
+        self.rng = random.Random()
+
+    @task
+    def generate(self) -> None:
+        body = {"prompt": self.rng.choice(self.prompts), "max_new_tokens": self.max_new, "stream": True, "lookahead": self.lookahead}
+        t0 = time.perf_counter()
+        first = last = None
+        count, summary = 0, None
+        with self.client.post("/generate", json=body, stream=True, catch_response=True, name="generate") as resp:
+            if resp.status_code != 200:
+                resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                return
+            for line in resp.iter_lines():
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:]
+                if data == b"[DONE]":
+                    break
+                event = json.loads(data)
+                if event.get("done"):
+                    summary = event
+                elif event.get("token_ids"):
+                    now = time.perf_counter()
+                    first = first if first is not None else now
+                    last = now
+                    count += len(event["token_ids"])
+            if summary is None or first is None:
+                resp.failure("the stream ended without tokens or summary")
+                return
+            resp.success()
+        end = time.perf_counter()
+        env = self.environment
+        measured = {"ttft": (first - t0) * 1000, "e2e": (end - t0) * 1000}
+        if count > 1:
+            measured["tpot"] = (last - first) * 1000 / (count - 1)
+        for name, value in measured.items():
+            _record(env, name, value)
+        _record(env, "output_tokens_per_s", count / (end - t0))
+        RUN["met_slo"] += all(measured.get(k, 0.0) <= v for k, v in LIMITS.items())
+        la = summary["lookahead"]
+        key = "plain" if la["n"] is None else f"({la['n']},{la['w']},{la['g']})"
+        RUN["mix"][key] = RUN["mix"].get(key, 0) + 1
+        if la["compression"]:
+            RUN["compression"].append(la["compression"])
+        RUN["steps"] += la["steps"]
+        RUN["tokens"] += count
+
+
+def figures(environment) -> dict[str, dict[str, float]]:
+    out = {}
+    for entry in ENTRIES:
+        stats = environment.stats.get(entry, "METRIC")
+        if stats.num_requests:
+            out[entry] = {"count": stats.num_requests, **{f"p{int(q * 100)}": float(stats.get_response_time_percentile(q)) for q in PERCENTILES}}
+    return out
+
+
+@events.quitting.add_listener
+def _verdict(environment, **_kwargs) -> None:
+    opts = environment.parsed_options
+    cfg = SloConfig.load(opts.slo_file)
+    figs = figures(environment)
+    gen = environment.stats.get("generate", "POST")
+    error_rate = gen.num_failures / gen.num_requests if gen.num_requests else 0.0
+    completed = gen.num_requests - gen.num_failures
+    breaches = verdict(cfg, figs, completed, error_rate)
+    print("\n" + table(cfg, figs))
+    print(f"requests {gen.num_requests}, failures {gen.num_failures}; lookahead mix {RUN['mix']}")
+    print("SLO: " + ("met" if not breaches else "BREACHED: " + "; ".join(breaches)))
+    if opts.summary_json:
+        compression = sorted(RUN["compression"])
+        Path(opts.summary_json).write_text(json.dumps({
+            "figures": figs, "requests": gen.num_requests, "failures": gen.num_failures, "error_rate": error_rate,
+            "duration_s": environment.stats.last_request_timestamp - environment.stats.start_time if gen.num_requests else 0,
+            "tokens": RUN["tokens"], "steps": RUN["steps"], "mix": RUN["mix"], "met_slo": RUN["met_slo"],
+            "compression_p50": compression[len(compression) // 2] if compression else None,
+            "breaches": breaches,
+        }, indent=1))
+    if breaches:
+        environment.process_exit_code = 1

@@ -1,0 +1,76 @@
+"""Every shipped config validates; the KubeRay manifest embeds the GPU Serve config unchanged."""
+from pathlib import Path
+
+import pytest
+import yaml
+from ray.serve.schema import ServeDeploySchema
+
+from deployments.app import build_app, check_gpus
+from deployments.config import PROJECT_ROOT, AppArgs
+
+SERVE_CONFIGS = [PROJECT_ROOT / "serve_config.yaml", PROJECT_ROOT / "configs" / "serve_gpu.yaml"]
+
+
+@pytest.mark.parametrize("path", SERVE_CONFIGS, ids=lambda p: p.name)
+def test_serve_configs_validate(path):
+    raw = yaml.safe_load(path.read_text())
+    schema = ServeDeploySchema.model_validate(raw)
+    for app in schema.applications:
+        assert app.import_path == "deployments.app:build_app"
+        AppArgs.model_validate(app.args)
+        names = {d["name"] for d in raw["applications"][[a["name"] for a in raw["applications"]].index(app.name)]["deployments"]}
+        assert names == {"LookaheadModel", "LookaheadAPI"}
+
+
+def test_cpu_default_asks_for_no_gpu_and_ships_its_model_and_profile():
+    raw = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
+    (app,) = raw["applications"]
+    args = AppArgs.model_validate(app["args"])
+    assert args.num_gpus == 0 and args.model.device == "cpu"
+    assert (PROJECT_ROOT / args.model.path / "config.json").exists()
+    assert args.router.policy == "goodput" and (PROJECT_ROOT / args.router.profile).exists()
+    model = next(d for d in app["deployments"] if d["name"] == "LookaheadModel")
+    auto = model["autoscaling_config"]
+    assert auto["min_replicas"] == 1 and auto["max_replicas"] == 2
+    assert model["max_queued_requests"] > 0 and model["max_ongoing_requests"] >= args.engine.max_batch
+
+
+def test_gpu_examples_use_one_gpu_per_replica_and_scale_out():
+    raw = yaml.safe_load((PROJECT_ROOT / "configs" / "serve_gpu.yaml").read_text())
+    assert {a["name"] for a in raw["applications"]} == {"llama2-7b-chat", "codellama-7b"}
+    for app in raw["applications"]:
+        args = AppArgs.model_validate(app["args"])
+        assert args.num_gpus == 1 and args.model.device == "cuda"
+        model = next(d for d in app["deployments"] if d["name"] == "LookaheadModel")
+        assert model["autoscaling_config"]["max_replicas"] > 1
+
+
+def test_kuberay_manifest_embeds_the_gpu_serve_config():
+    manifest = yaml.safe_load((PROJECT_ROOT / "configs" / "kuberay" / "rayservice.yaml").read_text())
+    assert manifest["kind"] == "RayService"
+    embedded = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    assert embedded == yaml.safe_load((PROJECT_ROOT / "configs" / "serve_gpu.yaml").read_text())
+    workers = manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert any(w["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu") for w in workers)
+
+
+def test_asking_for_missing_gpus_fails_fast_with_a_message():
+    with pytest.raises(ValueError, match="num_gpus=1 per replica but the Ray cluster has 0 GPU"):
+        check_gpus(1)
+    with pytest.raises(ValueError, match="GPU"):
+        build_app({"num_gpus": 1, "model": {"device": "cuda"}})
+    check_gpus(0)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"engine": {"max_batch": 0}}, "max_batch"),
+        ({"router": {"policy": "fixed"}}, "fixed"),
+        ({"modle": {}}, "modle"),
+        ({"num_gpus": -1}, "num_gpus"),
+    ],
+)
+def test_bad_app_args_are_refused(args, message):
+    with pytest.raises(Exception, match=message):
+        AppArgs.model_validate(args)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from lookahead_core import LookaheadParams, ModelRunner, generate
+from lookahead_core import LookaheadParams, ModelRunner, SamplingParams, generate
 from lookahead_core.loading import load_model
 
 
@@ -74,10 +74,13 @@ def load_prompts(path: str | None, tokenizer, count: int, vocab: int, length: in
     return prompts
 
 
-def run_hf(model, prompt: list[int], max_new: int) -> tuple[list[int], float]:
+def run_hf(model, prompt: list[int], max_new: int, sampling: SamplingParams | None = None) -> tuple[list[int], float]:
     ids = torch.tensor([prompt], device=model.device)
+    kw = {"do_sample": False}
+    if sampling is not None:
+        kw = {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k or None, "top_p": sampling.top_p}
     t0 = time.perf_counter()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False, pad_token_id=0)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, pad_token_id=0, **kw)
     return out[0, len(prompt) :].tolist(), time.perf_counter() - t0
 
 
@@ -93,6 +96,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sample (HF do_sample) instead of greedy")
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args(argv)
     if args.threads:
@@ -104,14 +110,22 @@ def main(argv: list[str] | None = None) -> dict:
     configs = parse_configs(args.configs, args.pool)
     runner = ModelRunner(model)
     tallies = {c.name: Tally() for c in configs}
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
+    if sampling is not None:
+        configs[0].name = "hf-sample"
+        tallies = {c.name: Tally() for c in configs}
+
+    tally_seeds: list[int] = []
 
     def run(config: Config, prompt: list[int], hf_tokens: list[int] | None) -> list[int]:
         if config.kind == "hf":
-            tokens, seconds = run_hf(model, prompt, args.max_new_tokens)
+            tokens, seconds = run_hf(model, prompt, args.max_new_tokens, sampling)
             steps, fwd, dec = len(tokens), 0.0, 0.0
         else:
             t0 = time.perf_counter()
-            res = generate(runner, torch.tensor([prompt]), max_new_tokens=args.max_new_tokens, params=config.params)
+            seeded = None if sampling is None else SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed=len(tally_seeds))
+            tally_seeds.append(1)
+            res = generate(runner, torch.tensor([prompt]), max_new_tokens=args.max_new_tokens, params=config.params, sampling=seeded)
             seconds = time.perf_counter() - t0
             tokens, steps, fwd, dec = res.tokens, res.stats.steps, res.stats.forward_s, res.stats.decode_s
         tally = tallies[config.name]
@@ -121,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
         tally.forward_s += fwd
         tally.decode_s += dec
         tally.runs += 1
-        tally.exact += hf_tokens is None or tokens == hf_tokens
+        tally.exact += hf_tokens is None or sampling is not None or tokens == hf_tokens
         return tokens
 
     for config in configs:  # warm-up: first-call costs out of the figures
@@ -143,7 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"\r[{done}/{total}] {elapsed:.0f}s elapsed, ~{elapsed / done * (total - done):.0f}s left", end="", file=sys.stderr)
     print(file=sys.stderr)
 
-    hf_time = sum(tallies["hf-greedy"].seconds)
+    hf = tallies[configs[0].name]
+    hf_rate = hf.tokens / sum(hf.seconds)
     rows = []
     for config in configs:
         t = tallies[config.name]
@@ -153,13 +168,15 @@ def main(argv: list[str] | None = None) -> dict:
                 "median_s": statistics.median(t.seconds),
                 "tokens_per_s": t.tokens / sum(t.seconds),
                 "compression": t.tokens / t.steps if t.steps else 0.0,
-                "speedup_vs_hf": hf_time / sum(t.seconds),
+                # tokens/s ratio: equal to the time ratio for greedy, fair when sampled lengths differ
+                "speedup_vs_hf": (t.tokens / sum(t.seconds)) / hf_rate,
                 "host_overhead": (1 - t.forward_s / t.decode_s) if t.decode_s else None,
-                "exact": f"{t.exact}/{t.runs}",
+                "exact": f"{t.exact}/{t.runs}" if sampling is None else "n/a",
             }
         )
     header = f"{'config':<22}{'median s':>10}{'tok/s':>9}{'compr.':>8}{'vs HF':>8}{'host ovh':>10}{'exact':>8}"
-    print(f"model={args.model} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} threads={torch.get_num_threads()}")
+    mode = "greedy" if sampling is None else f"sampling T={sampling.temperature} top_k={sampling.top_k} top_p={sampling.top_p}"
+    print(f"model={args.model} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} threads={torch.get_num_threads()} {mode}")
     print(header)
     for r in rows:
         ovh = "-" if r["host_overhead"] is None else f"{100 * r['host_overhead']:.1f}%"

@@ -97,7 +97,7 @@ class LookaheadAPI:
     # ---- OpenAI-compatible ------------------------------------------------------------------
 
     async def _openai(self, prompt: str, req, chat: bool):
-        body = {"prompt": prompt, "max_new_tokens": req.max_tokens, "stop": stop_list(req.stop),
+        body = {"prompt": prompt, "max_new_tokens": req.max_tokens, "stop": stop_list(req.stop), **req.sampling(),
                 "lookahead": req.lookahead if isinstance(req.lookahead, str) else req.lookahead.model_dump()}
         chunks, err = await self._open(body)
         if err:

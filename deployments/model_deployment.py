@@ -16,6 +16,7 @@ from lookahead_core.loading import load_model
 from lookahead_core.model_runner import ModelRunner
 from lookahead_core.params import LookaheadParams
 from lookahead_core.router import Router
+from lookahead_core.sampling import SamplingParams
 
 from .config import PROJECT_ROOT, AppArgs, resolve_path
 from .text_stream import TextStream
@@ -97,12 +98,13 @@ class LookaheadModel:
         auto = lookahead == "auto"
         seq_id = request.get("request_id") or uuid.uuid4().hex
         try:
+            sampling = SamplingParams(request.get("temperature") or 0.0, request.get("top_k", 0), request.get("top_p", 1.0), request.get("seed"))
             params = self.auto.register(seq_id) if auto else self._params(lookahead)
         except ValueError as exc:
             yield _error(400, str(exc))
             return
         stream = self.async_engine.generate(prompt_ids, max_new_tokens=request["max_new_tokens"], params=params,
-                                            eos_token_id=self.eos, request_id=seq_id)
+                                            eos_token_id=self.eos, request_id=seq_id, sampling=sampling)
         text = TextStream(self.tokenizer, request.get("stop") or [])
         tokens: list[int] = []
         steps, ttft, finish = 0, None, "length"

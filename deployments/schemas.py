@@ -41,8 +41,20 @@ class _WithLookahead(BaseModel):
         return parse_lookahead(value)
 
 
-class GenerateRequest(_WithLookahead):
+class _Sampling(BaseModel):
+    """temperature 0 or absent is greedy; top_k 0 and top_p 1 are off; a seed makes a request reproducible."""
+
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int | None = Field(None, ge=0)
+
+    def sampling(self) -> dict:
+        return {"temperature": self.temperature or 0.0, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
+
+
+class GenerateRequest(_WithLookahead, _Sampling):
     model_config = ConfigDict(extra="forbid")
+    temperature: float | None = Field(None, ge=0, le=100)
     prompt: str | None = None
     input_ids: list[int] | None = None
     max_new_tokens: int = Field(128, ge=1)
@@ -60,25 +72,26 @@ class GenerateRequest(_WithLookahead):
         return self
 
 
-class CompletionRequest(_WithLookahead):
-    """OpenAI /v1/completions; fields it does not support are refused, not ignored."""
+class _OpenAIRequest(_WithLookahead, _Sampling):
+    """Fields shared by the OpenAI endpoints (OpenAI's defaults: temperature 1); `top_k` is an
+    extension; options it does not support (n > 1) are refused, not ignored."""
 
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    prompt: str | list[str]
-    max_tokens: int = Field(16, ge=1)
     stop: str | list[str] | None = None
     stream: bool = False
-    temperature: float | None = Field(None, ge=0)
+    temperature: float | None = Field(1.0, ge=0, le=2)
     n: int = Field(1, ge=1, le=1)
 
+
+class CompletionRequest(_OpenAIRequest):
+    prompt: str | list[str]
+    max_tokens: int = Field(16, ge=1)
+
     @model_validator(mode="after")
-    def _supported(self) -> CompletionRequest:
-        if isinstance(self.prompt, list):
-            if len(self.prompt) != 1:
-                raise ValueError("batched prompts are not supported: send one prompt per request")
-        if self.temperature:
-            raise ValueError("sampling is not supported yet: use temperature 0 (greedy)")
+    def _one_prompt(self) -> CompletionRequest:
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise ValueError("batched prompts are not supported: send one prompt per request")
         return self
 
     @property
@@ -92,21 +105,9 @@ class ChatMessage(BaseModel):
     content: str
 
 
-class ChatRequest(_WithLookahead):
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = None
+class ChatRequest(_OpenAIRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int = Field(128, ge=1)
-    stop: str | list[str] | None = None
-    stream: bool = False
-    temperature: float | None = Field(None, ge=0)
-    n: int = Field(1, ge=1, le=1)
-
-    @model_validator(mode="after")
-    def _supported(self) -> ChatRequest:
-        if self.temperature:
-            raise ValueError("sampling is not supported yet: use temperature 0 (greedy)")
-        return self
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:

@@ -6,6 +6,7 @@ from .layout import StepLayout
 from .model_runner import ModelRunner
 from .ngram_pool import NGramPool
 from .params import LookaheadParams
+from .sampling import SamplingParams
 from .stopping import StopCondition
 from .verify import verify_greedy
 from .window import LookaheadWindow
@@ -16,6 +17,7 @@ __all__ = [
     "LookaheadParams",
     "LookaheadWindow",
     "ModelRunner",
+    "SamplingParams",
     "NGramPool",
     "SequenceDecoder",
     "SlotKVCache",

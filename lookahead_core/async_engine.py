@@ -45,6 +45,7 @@ class AsyncEngine:
         eos_token_id: int | Iterable[int] | None = None,
         stop_token_ids: Iterable[int] = (),
         request_id: str | None = None,
+        sampling=None,
     ) -> AsyncIterator[StepOutput]:
         """Yield one `StepOutput` per engine step that accepted tokens for this request.
 
@@ -55,7 +56,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
-        kwargs = dict(max_new_tokens=max_new_tokens, params=params, eos_token_id=eos_token_id, stop_token_ids=stop_token_ids)
+        kwargs = dict(max_new_tokens=max_new_tokens, params=params, eos_token_id=eos_token_id, stop_token_ids=stop_token_ids, sampling=sampling)
         self._submit(("add", seq_id, list(prompt), kwargs, loop, queue, accepted))
         await accepted
         done = False

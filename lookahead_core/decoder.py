@@ -10,6 +10,7 @@ import torch
 from .kv_cache import SlotKVCache
 from .model_runner import ModelRunner
 from .params import LookaheadParams
+from .sampling import SamplingParams
 from .sequence import Sequence
 from .stopping import StopCondition
 
@@ -17,11 +18,18 @@ from .stopping import StopCondition
 class SequenceDecoder:
     """Runs one `Sequence` with its own cache and step buffers, every buffer sized up front."""
 
-    def __init__(self, runner: ModelRunner, prompt: Seq[int], params: LookaheadParams | None, stop: StopCondition) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        prompt: Seq[int],
+        params: LookaheadParams | None,
+        stop: StopCondition,
+        sampling: SamplingParams | None = None,
+    ) -> None:
         runner.check_tokens(prompt)
         runner.check_length(len(prompt) + stop.max_new_tokens)
         self.runner = runner
-        self.seq = Sequence(0, prompt, params, stop, runner.layout)
+        self.seq = Sequence(0, prompt, params, stop, runner.layout, sampling)
         self.forward_s = 0.0
         self.step_s = 0.0
         max_tokens = self.seq.layout.max_tokens
@@ -70,10 +78,10 @@ class SequenceDecoder:
         mask = self._write_mask(start, n_tok)
 
         t1 = time.perf_counter()
-        pred = self.runner.forward_argmax(self._dev[0:1, :n_tok], self._dev[1:2, :n_tok], mask, self.cache)
+        pred, logits = self.runner.forward(self._dev[0:1, :n_tok], self._dev[1:2, :n_tok], mask, self.cache)
         t2 = time.perf_counter()
 
-        row, accepted = seq.accept(pred)
+        row, accepted = seq.accept(pred[0], logits[0] if seq.sampling is not None else None)
         self.cache.commit(start, kept=len(accepted), moved_from=start + row, moved=len(accepted) - 1)
         self.forward_s += t2 - t1
         self.step_s += time.perf_counter() - t0

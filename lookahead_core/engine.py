@@ -13,6 +13,7 @@ from .batch_step import BatchStepBuffers
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner
 from .params import LookaheadParams
+from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
 from .stopping import StopCondition
@@ -81,6 +82,7 @@ class Engine:
         params: LookaheadParams | None = None,
         eos_token_id: int | Iterable[int] | None = None,
         stop_token_ids: Iterable[int] = (),
+        sampling: SamplingParams | None = None,
     ) -> None:
         """Queue a request; raises ValueError (bad request) or EngineOverloaded (queue full)."""
         if seq_id in self._seqs:
@@ -91,6 +93,8 @@ class Engine:
         if params is not None and not isinstance(params, LookaheadParams):
             raise TypeError(f"params must be LookaheadParams or None, got {type(params).__name__}")
         self.config.check_params(params)
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be SamplingParams or None, got {type(sampling).__name__}")
         stop = StopCondition.build(max_new_tokens, eos_token_id, stop_token_ids)
         if max_new_tokens > self.config.max_new_tokens:
             raise ValueError(f"max_new_tokens={max_new_tokens} exceeds this engine's limit of {self.config.max_new_tokens}")
@@ -102,7 +106,7 @@ class Engine:
         self.runner.check_tokens(prompt)
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
-        seq = Sequence(seq_id, prompt, params, stop, self.runner.layout)
+        seq = Sequence(seq_id, prompt, params, stop, self.runner.layout, sampling)
         self._seqs[seq_id] = seq
         self.scheduler.add(seq)
 
@@ -162,9 +166,11 @@ class Engine:
         t0 = time.perf_counter()
         outputs, self._finished_early = self._finished_early, []
         self._retire()
-        job = self.scheduler.next_prefill()
-        if job is not None:
+        # Admit while the next prompt needs no prefill forward (one token); at most one chunk runs.
+        while (job := self.scheduler.next_prefill()) is not None:
             self._prefill(*job)
+            if job[2] > 0:
+                break
         if self.scheduler.running:
             outputs.extend(self._decode())
             self._retire()
@@ -205,19 +211,12 @@ class Engine:
         kv_len = max(lengths[:rows]) + width
         cache.prepare_rows(rows, buf.dev[2, :rows, :width], kv_len)
         t1 = time.perf_counter()
-        logits = self.runner.model(
-            input_ids=buf.dev[0, :rows, :width],
-            position_ids=buf.dev[1, :rows, :width],
-            attention_mask=buf.mask[:rows, :, :width, :kv_len],
-            past_key_values=cache,
-            use_cache=True,
-        ).logits
-        pred = logits.argmax(dim=-1).tolist()
+        pred, logits = self.runner.forward(buf.dev[0, :rows, :width], buf.dev[1, :rows, :width], buf.mask[:rows, :, :width, :kv_len], cache)
         self.forward_s += time.perf_counter() - t1
 
         outputs, slots, src, dst = [], [], [], []
         for b, seq in enumerate(running):
-            row, accepted = seq.accept(pred[b])
+            row, accepted = seq.accept(pred[b], logits[b] if seq.sampling is not None else None)
             start = lengths[b]
             for i in range(len(accepted) - 1):
                 slots.append(b)

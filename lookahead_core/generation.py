@@ -9,6 +9,7 @@ import torch
 from .decoder import SequenceDecoder
 from .model_runner import ModelRunner
 from .params import LookaheadParams
+from .sampling import SamplingParams
 from .stopping import StopCondition
 
 
@@ -59,33 +60,40 @@ def make_decoder(
     params: LookaheadParams | None = None,
     eos_token_id: int | Iterable[int] | None = None,
     stop_token_ids: Iterable[int] = (),
+    sampling: SamplingParams | None = None,
 ) -> SequenceDecoder:
     runner = model if isinstance(model, ModelRunner) else ModelRunner(model)
     if params is not None and not isinstance(params, LookaheadParams):
         raise TypeError(f"params must be LookaheadParams or None, got {type(params).__name__}")
     eos = _default_eos(runner) if eos_token_id is None else eos_token_id
     stop = StopCondition.build(max_new_tokens, eos, stop_token_ids)
-    return SequenceDecoder(runner, _prompt_list(input_ids), params, stop)
+    if sampling is not None and not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be SamplingParams or None, got {type(sampling).__name__}")
+    return SequenceDecoder(runner, _prompt_list(input_ids), params, stop, sampling)
 
 
-def stream(model, input_ids, *, max_new_tokens: int, params: LookaheadParams | None = None, eos_token_id=None, stop_token_ids=()) -> Iterator[list[int]]:
+def stream(model, input_ids, *, max_new_tokens: int, params: LookaheadParams | None = None, eos_token_id=None, stop_token_ids=(), sampling=None) -> Iterator[list[int]]:
     """Yield the token ids accepted at each decode step."""
     decoder = make_decoder(
-        model, input_ids, max_new_tokens=max_new_tokens, params=params, eos_token_id=eos_token_id, stop_token_ids=stop_token_ids
+        model, input_ids, max_new_tokens=max_new_tokens, params=params, eos_token_id=eos_token_id,
+        stop_token_ids=stop_token_ids, sampling=sampling,
     )
     decoder.prefill()
     while not decoder.finished:
         yield decoder.step()
 
 
-def generate(model, input_ids, *, max_new_tokens: int, params: LookaheadParams | None = None, eos_token_id=None, stop_token_ids=()) -> GenerationResult:
+def generate(model, input_ids, *, max_new_tokens: int, params: LookaheadParams | None = None, eos_token_id=None, stop_token_ids=(), sampling=None) -> GenerationResult:
     """Greedy decoding, with lookahead when `params` is given; token-identical either way.
+    With `sampling` (SamplingParams, temperature > 0) it samples, and lookahead keeps the
+    output distribution.
 
     `eos_token_id=None` takes the model's `generation_config.eos_token_id`, as `model.generate`
     does; pass `[]` to decode to `max_new_tokens` regardless.
     """
     decoder = make_decoder(
-        model, input_ids, max_new_tokens=max_new_tokens, params=params, eos_token_id=eos_token_id, stop_token_ids=stop_token_ids
+        model, input_ids, max_new_tokens=max_new_tokens, params=params, eos_token_id=eos_token_id,
+        stop_token_ids=stop_token_ids, sampling=sampling,
     )
     decoder.prefill()
     while not decoder.finished:

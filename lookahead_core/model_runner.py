@@ -59,9 +59,10 @@ class ModelRunner:
         self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True, **kwargs)
         cache.length = start + input_ids.shape[1]
 
-    def forward_argmax(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache) -> list[int]:
-        """Greedy next token after every input position; the step's one host-device sync."""
-        out = self.model(
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache) -> tuple[list, torch.Tensor]:
+        """Logits [B, T, V] and the greedy next token after every input position, as host lists
+        (the step's one host-device sync; sampling reads the logits rows it needs)."""
+        logits = self.model(
             input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache, use_cache=True
-        )
-        return out.logits[0].argmax(dim=-1).tolist()
+        ).logits
+        return logits.argmax(dim=-1).tolist(), logits

@@ -9,6 +9,7 @@ import numpy as np
 from .layout import StepLayout
 from .ngram_pool import NGramPool
 from .params import LookaheadParams
+from .sampling import SamplingParams, verify_sampling, warp
 from .stopping import StopCondition
 from .verify import verify_greedy
 from .window import LookaheadWindow
@@ -35,6 +36,7 @@ class Sequence:
         params: LookaheadParams | None,
         stop: StopCondition,
         layout_for: Callable[[LookaheadParams | None], StepLayout],
+        sampling: SamplingParams | None = None,
     ) -> None:
         if len(prompt) == 0:
             raise ValueError("the prompt must hold at least one token")
@@ -47,6 +49,9 @@ class Sequence:
         self.steps = 0
         self.accepted_histogram: dict[int, int] = {}
         self._layout_for = layout_for
+        self.sampling = sampling if sampling is not None and not sampling.greedy else None
+        # Seeded requests draw from their own stream, so they reproduce whatever else is batched.
+        self.rng = np.random.default_rng(sampling.seed if sampling is not None else None)
         self._candidates: list[tuple[int, ...]] = []
         self.params: LookaheadParams | None = None
         self.layout = layout_for(None)
@@ -87,11 +92,17 @@ class Sequence:
             ids[lay.cand_start : n_tok] = [t for cand in cands for t in cand]
         return n_tok
 
-    def accept(self, pred: Seq[int]) -> tuple[int, list[int]]:
-        """Verify against the step's argmax outputs; returns (step row of the accepted
-        candidate's first token, or -1, the new tokens after stop rules)."""
+    def accept(self, pred: Seq[int], logits=None) -> tuple[int, list[int]]:
+        """Verify against the step's outputs (argmax per row; the logits rows [T, V] when
+        sampling); returns (step row of the accepted candidate's first token, or -1, the new
+        tokens after stop rules)."""
         lay = self.layout
-        chosen, accepted = verify_greedy(pred, self._candidates, lay.cand_start)
+        if self.sampling is None:
+            chosen, accepted = verify_greedy(pred, self._candidates, lay.cand_start)
+        else:
+            rows = logits.float().cpu().numpy() if hasattr(logits, "numpy") else logits
+            params = self.sampling
+            chosen, accepted = verify_sampling(lambda r: warp(rows[r], params), self._candidates, lay.cand_start, self.rng)
         accepted, self.finish_reason = self.stop.clip(accepted, len(self.tokens) - self.prompt_len)
         before = len(self.tokens)
         self.tokens.extend(accepted)

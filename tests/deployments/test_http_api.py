@@ -89,12 +89,29 @@ def test_stop_strings_cut_the_text(server, local):
     assert cut["finish_reason"] == "stop" and cut["text"] == text[: text.index(stop)]
 
 
+def test_seeded_sampling_is_reproducible_and_follows_the_library(server, local):
+    body = {"prompt": "def h(y):", "max_new_tokens": 16, "temperature": 0.9, "top_k": 20, "seed": 11, "lookahead": {"n": 3, "w": 2, "g": 3}}
+    first, second = post(server, "/generate", body).json(), post(server, "/generate", body).json()
+    assert first["token_ids"] == second["token_ids"]
+    model, tok = local
+    from lookahead_core import SamplingParams
+
+    ids = torch.tensor([tok("def h(y):")["input_ids"]])
+    lib = generate(model, ids, max_new_tokens=16, params=LookaheadParams(3, 2, 3), sampling=SamplingParams(0.9, top_k=20, seed=11))
+    assert first["token_ids"] == lib.tokens
+    other = post(server, "/generate", {**body, "seed": 12}).json()
+    openai = post(server, "/v1/completions", {"prompt": "def h(y):", "max_tokens": 16, "temperature": 0.9, "top_k": 20, "seed": 11,
+                                              "lookahead": {"n": 3, "w": 2, "g": 3}}).json()
+    assert openai["choices"][0]["text"] == first["text"]
+    assert other["token_ids"] != first["token_ids"] or len(first["token_ids"]) < 4
+
+
 def test_openai_completions(server, local):
-    r = post(server, "/v1/completions", {"model": "tiny", "prompt": "def g():", "max_tokens": 12})
+    r = post(server, "/v1/completions", {"model": "tiny", "prompt": "def g():", "max_tokens": 12, "temperature": 0})
     body = r.json()
     assert body["object"] == "text_completion" and body["usage"]["completion_tokens"] <= 12
     assert body["choices"][0]["text"] == local[1].decode(expected(local, "def g():", 12), skip_special_tokens=True)
-    r = post(server, "/v1/completions", {"prompt": "def g():", "max_tokens": 12, "stream": True}, stream=True)
+    r = post(server, "/v1/completions", {"prompt": "def g():", "max_tokens": 12, "stream": True, "temperature": 0}, stream=True)
     lines = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in lines[:-1])
@@ -102,9 +119,9 @@ def test_openai_completions(server, local):
 
 
 def test_openai_chat(server):
-    body = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}).json()
+    body = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}).json()
     assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
-    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}, stream=True)
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True, "temperature": 0}, stream=True)
     lines = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
     assert json.loads(lines[0][6:])["choices"][0]["delta"] == {"role": "assistant"} and lines[-1] == "data: [DONE]"
     content = "".join(json.loads(l[6:])["choices"][0]["delta"].get("content", "") for l in lines[:-1])
@@ -129,7 +146,12 @@ def test_openai_chat(server):
         ("/generate", {"input_ids": [1, 5000], "max_new_tokens": 4}, 400, "vocabulary"),
         ("/generate", {"prompt": "x", "max_new_tokens": 4, "stop": ["a"] * 40}, 400, "stop"),
         ("/v1/completions", {"prompt": ["a", "b"]}, 422, "one prompt"),
-        ("/v1/completions", {"prompt": "a", "temperature": 0.7}, 422, "sampling"),
+        ("/v1/completions", {"prompt": "a", "temperature": 5}, 422, "temperature"),
+        ("/v1/completions", {"prompt": "a", "n": 2}, 422, "n"),
+        ("/generate", {"prompt": "x", "max_new_tokens": 4, "temperature": -1}, 422, "temperature"),
+        ("/generate", {"prompt": "x", "max_new_tokens": 4, "temperature": 1, "top_p": 0}, 422, "top_p"),
+        ("/generate", {"prompt": "x", "max_new_tokens": 4, "top_k": -1}, 422, "top_k"),
+        ("/generate", {"prompt": "x", "max_new_tokens": 4, "seed": -5}, 422, "seed"),
         ("/v1/chat/completions", {"messages": []}, 422, "messages"),
     ],
 )

@@ -39,6 +39,7 @@ class Tally:
     decode_s: float = 0.0
     exact: int = 0
     runs: int = 0
+    distinct4: list[float] = field(default_factory=list)
 
 
 def parse_configs(spec: str, pool: str) -> list[Config]:
@@ -136,6 +137,8 @@ def main(argv: list[str] | None = None) -> dict:
         tally.decode_s += dec
         tally.runs += 1
         tally.exact += hf_tokens is None or sampling is not None or tokens == hf_tokens
+        grams = [tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3)]
+        tally.distinct4.append(len(set(grams)) / len(grams) if grams else 1.0)
         return tokens
 
     for config in configs:  # warm-up: first-call costs out of the figures
@@ -172,9 +175,11 @@ def main(argv: list[str] | None = None) -> dict:
                 "speedup_vs_hf": (t.tokens / sum(t.seconds)) / hf_rate,
                 "host_overhead": (1 - t.forward_s / t.decode_s) if t.decode_s else None,
                 "exact": f"{t.exact}/{t.runs}" if sampling is None else "n/a",
+                # how repetitive the decoded text is: loops make n-gram hits cheap
+                "distinct4": statistics.mean(t.distinct4),
             }
         )
-    header = f"{'config':<22}{'median s':>10}{'tok/s':>9}{'compr.':>8}{'vs HF':>8}{'host ovh':>10}{'exact':>8}"
+    header = f"{'config':<22}{'median s':>10}{'tok/s':>9}{'compr.':>8}{'vs HF':>8}{'host ovh':>10}{'exact':>8}{'dist-4':>8}"
     mode = "greedy" if sampling is None else f"sampling T={sampling.temperature} top_k={sampling.top_k} top_p={sampling.top_p}"
     print(f"model={args.model} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} threads={torch.get_num_threads()} {mode}")
     print(header)
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
         ovh = "-" if r["host_overhead"] is None else f"{100 * r['host_overhead']:.1f}%"
         print(
             f"{r['config']:<22}{r['median_s']:>10.3f}{r['tokens_per_s']:>9.1f}{r['compression']:>8.2f}"
-            f"{r['speedup_vs_hf']:>7.2f}x{ovh:>10}{r['exact']:>8}"
+            f"{r['speedup_vs_hf']:>7.2f}x{ovh:>10}{r['exact']:>8}{r['distinct4']:>8.2f}"
         )
     report = {
         "args": vars(args),

@@ -6,8 +6,8 @@
 - held-out perplexity over every held-out file (whole files the training never saw);
 - greedy completions (lookahead decoding: the same tokens as plain greedy) of the held-out
   functions in benchmarks/prompts/code.jsonl, cut at the function boundary (the first line back
-  at the def's indentation) or, when the budget ends first, at the last full line: the share that
-  `ast.parse` accepts, and the share that reached the boundary;
+  at the def's indentation) or, when the budget ends first, at the last full line: the share with
+  a non-empty body that `ast.parse` accepts, and the share that reached the boundary;
 - distinct-4-gram ratio of completions (unique / total token 4-grams, mean per completion),
   beside the same figure for the human-written bodies.
 """
@@ -94,7 +94,7 @@ def main() -> None:
         body, reached = cut_at_function_boundary(text)
         try:
             ast.parse(row["prompt"] + body)
-            ok = True
+            ok = any(line.strip() for line in body.splitlines())  # an empty body is no completion
         except SyntaxError:
             ok = False
         parsed += ok

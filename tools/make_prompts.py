@@ -50,6 +50,9 @@ def code_prompts(model_dir: Path, count: int, per_file: int, max_prompt_chars: i
             indent = len(lines[node.lineno - 1]) - len(lines[node.lineno - 1].lstrip())
             head_d = "".join(line[indent:] if line.strip() else line for line in head.splitlines(keepends=True))
             body_d = "".join(line[indent:] if line.strip() else line for line in body.splitlines(keepends=True))
+            # End at the closing quotes: the newline and indentation that open the body are one
+            # token in training text, so a prompt ending in a bare newline would mislead the model.
+            head_d, body_d = head_d.rstrip("\n"), head_d[len(head_d.rstrip("\n")) :] + body_d
             if len(head_d) > max_prompt_chars or len(body_d) < 40:
                 continue
             try:

@@ -49,8 +49,8 @@ def plot(results: dict, rates: list[float], path: str, title: str) -> None:
     for name, by_rate in results.items():
         xs = [r for r in rates if r in by_rate]
         style = dict(marker="o", lw=2.5 if name == "goodput" else 1.2)
-        axes[0].plot(xs, [by_rate[r]["p50_latency_s"] for r in xs], label=f"{name} p50", **style)
-        axes[0].plot(xs, [by_rate[r]["p95_latency_s"] for r in xs], ls="--", alpha=0.5, marker=".")
+        (line,) = axes[0].plot(xs, [by_rate[r]["p50_latency_s"] for r in xs], label=f"{name} p50", **style)
+        axes[0].plot(xs, [by_rate[r]["p95_latency_s"] for r in xs], ls="--", alpha=0.5, marker=".", color=line.get_color())
         axes[1].plot(xs, [by_rate[r]["throughput_tok_s"] for r in xs], label=name, **style)
         axes[2].plot(xs, [by_rate[r]["goodput_tok_s"] for r in xs], label=name, **style)
     for ax, label in zip(axes, ["request latency, s (dashed: p95)", "throughput, tokens/s", "goodput under SLO, tokens/s"]):

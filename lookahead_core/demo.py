@@ -1,6 +1,6 @@
 """Complete one prompt with plain greedy decoding and with lookahead; print both speeds.
 
-    python -m lookahead_core.demo --model PATH --prompt "def fib(n):" --max-new-tokens 128 --n 4 --w 5 --g 5
+    python -m lookahead_core.demo --model PATH --prompt "def fib(n):" --max-new-tokens 128 --n 4 --w 3 --g 3
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", required=True)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--n", type=int, default=4)
-    ap.add_argument("--w", type=int, default=5)
-    ap.add_argument("--g", type=int, default=5)
+    ap.add_argument("--w", type=int, default=3)
+    ap.add_argument("--g", type=int, default=3)
     ap.add_argument("--no-prompt-pool", action="store_true", help="do not seed the n-gram pool from the prompt")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")

@@ -21,9 +21,11 @@ class LookaheadParams:
     pool_from_prompt: also harvest n-grams from the prompt and the accepted output.
     """
 
+    # Defaults chosen on the 2-core CPU with the embedded model (docs/BENCHMARKS.md); wider
+    # windows pay off where extra tokens per step are nearly free (GPUs).
     n: int = 4
-    w: int = 5
-    g: int = 5
+    w: int = 3
+    g: int = 3
     pool_from_prompt: bool = True
 
     def __post_init__(self) -> None:

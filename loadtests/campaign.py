@@ -123,18 +123,15 @@ def write_report(c: Campaign, results: list[dict], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    users = sorted({r["users"] for r in results})
     fig, ax = plt.subplots(2, 3, figsize=(16, 8.5))
-    for policy in c.policies:
+    for i, policy in enumerate(c.policies):
         rs = sorted((r for r in results if r["policy"] == policy), key=lambda r: r["users"])
         xs = [r["users"] for r in rs]
-        kw = dict(marker="o", lw=2.5 if policy == "auto" else 1.2, label=policy)
-        ax[0][0].plot(xs, [_fig(r, "ttft", "p50") for r in rs], **kw)
-        ax[0][0].plot(xs, [_fig(r, "ttft", "p95") for r in rs], ls="--", alpha=0.5)
-        ax[0][1].plot(xs, [_fig(r, "tpot", "p50") for r in rs], **kw)
-        ax[0][1].plot(xs, [_fig(r, "tpot", "p95") for r in rs], ls="--", alpha=0.5)
-        ax[0][2].plot(xs, [_fig(r, "e2e", "p50") for r in rs], **kw)
-        ax[0][2].plot(xs, [_fig(r, "e2e", "p95") for r in rs], ls="--", alpha=0.5)
+        color = plt.cm.tab10(i)
+        kw = dict(marker="o", lw=2.5 if policy == "auto" else 1.2, label=policy, color=color)
+        for col, entry in enumerate(("ttft", "tpot", "e2e")):
+            ax[0][col].plot(xs, [_fig(r, entry, "p50") for r in rs], **kw)
+            ax[0][col].plot(xs, [_fig(r, entry, "p95") for r in rs], ls="--", alpha=0.5, color=color)
         ax[1][0].plot(xs, [r["throughput_tok_s"] for r in rs], **kw)
         ax[1][1].plot(xs, [r["goodput_rps"] for r in rs], **kw)
         ax[1][2].plot(xs, [r.get("compression_p50") or 1.0 for r in rs], **kw)

@@ -42,9 +42,17 @@ def server(tiny_model_dir):
 
     from deployments.app import build_app
 
-    port = _free_port()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    # Ray's own processes take ephemeral ports too: pick one after ray.init and retry on a clash.
+    for attempt in range(5):
+        port = _free_port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            break
+        except Exception:
+            serve.shutdown()
+            if attempt == 4:
+                raise
     args = {
         "model": {"path": str(tiny_model_dir), "name": "tiny"},
         "engine": {"max_batch": 4, "max_seq_len": 256, "max_new_tokens": 64, "prefill_chunk": 32},

@@ -59,7 +59,8 @@ class SequenceDecoder:
         prompt = self.seq.tokens[: self.seq.prompt_len]
         if len(prompt) > 1:
             ids = torch.tensor([prompt[:-1]], dtype=torch.long, device=self.runner.device)
-            self.runner.prefill(ids, self.cache)
+            self.runner.prefill(ids, 0, self.cache)
+            self.cache.length = ids.shape[1]
 
     @torch.inference_mode()
     def step(self) -> list[int]:

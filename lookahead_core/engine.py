@@ -180,13 +180,11 @@ class Engine:
     def _prefill(self, seq: Sequence, start: int, n: int) -> None:
         slot = len(self.scheduler.running)
         if n > 0:
-            r = self.runner
-            ids = torch.tensor([seq.tokens[start : start + n]], dtype=torch.long, device=r.device)
-            pos = torch.arange(start, start + n, device=r.device).unsqueeze(0)
+            ids = torch.tensor([seq.tokens[start : start + n]], dtype=torch.long, device=self.runner.device)
             m = self._prefill_mask[0, 0]
             m[:n, start : start + n].copy_(self._causal[:n, :n])
             self.cache.prepare_slot(slot, start, n)
-            r.model(input_ids=ids, position_ids=pos, attention_mask=self._prefill_mask[:, :, :n, : start + n], past_key_values=self.cache, use_cache=True)
+            self.runner.prefill(ids, start, self.cache, self._prefill_mask[:, :, :n, : start + n])
             m[:n, start : start + n].zero_()
         self.cache.lengths[slot] = start + n
         if self.scheduler.prefill_done(n) is not None:
@@ -225,8 +223,8 @@ class Engine:
             lengths[b] = start + len(accepted)
             outputs.append(StepOutput(seq.seq_id, accepted, seq.finish_reason, _stats(seq) if seq.finished else {}))
         if slots:
-            dev = self.runner.device
-            cache.compact(torch.tensor(slots, device=dev), torch.tensor(src, device=dev), torch.tensor(dst, device=dev))
+            moves = torch.tensor([slots, src, dst], device=self.runner.device)
+            cache.compact(moves[0], moves[1], moves[2])
         return outputs
 
     def _retire(self) -> None:

@@ -51,13 +51,12 @@ class ModelRunner:
                 f"window of {self.sliding_window}; sliding-window masks are not supported yet"
             )
 
-    def prefill(self, input_ids: torch.Tensor, cache) -> None:
-        """Fill the cache with `input_ids` [1, T]; logits are not needed."""
+    def prefill(self, input_ids: torch.Tensor, start: int, cache, mask: torch.Tensor | None = None) -> None:
+        """Write the keys of `input_ids` [B, T] at positions start.. into the cache; no logits are
+        needed, so only the last row's are computed. Without `mask` the model applies its causal mask."""
         kwargs = {"logits_to_keep": 1} if self._takes_logits_to_keep else {}
-        start = cache.length
         positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
-        self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True, **kwargs)
-        cache.length = start + input_ids.shape[1]
+        self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True, **kwargs)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache) -> tuple[list, torch.Tensor]:
         """Logits [B, T, V] and the greedy next token after every input position, as host lists

@@ -9,12 +9,18 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from ray.exceptions import RayError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
+from .guard import GuardConfig, RequestGuard
 from .schemas import ChatRequest, CompletionRequest, GenerateRequest, stop_list
 
 app = FastAPI(title="lookahead-serve", description="Exact Lookahead Decoding on Ray Serve")
+app.add_middleware(RequestGuard)
+
+OVERLOADED = {"status": 503, "message": "server overloaded: too many queued requests, retry later"}
+REPLICA_LOST = {"status": 503, "message": "the model replica serving this request failed; retry"}
 
 
 @app.exception_handler(RequestValidationError)
@@ -28,8 +34,19 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 
 def _error_response(err: dict) -> JSONResponse:
+    """Errors from replicas carry their status; 503s tell the client when to retry."""
     headers = {"Retry-After": "1"} if err["status"] == 503 else None
     return JSONResponse(status_code=err["status"], content={"error": err}, headers=headers)
+
+
+async def _closing(events: AsyncIterator[bytes], chunks) -> AsyncIterator[bytes]:
+    """Stream `events`; however the response ends (done, client gone), close `chunks` at once,
+    which cancels the replica's generator and so frees the engine slot."""
+    try:
+        async for event in events:
+            yield event
+    finally:
+        await chunks.aclose()
 
 
 def _sse(obj) -> bytes:
@@ -44,25 +61,43 @@ def _chat_prompt(messages: list[dict]) -> str:
 @serve.deployment(name="LookaheadAPI", max_ongoing_requests=256)
 @serve.ingress(app)
 class LookaheadAPI:
-    def __init__(self, model: DeploymentHandle, model_name: str) -> None:
+    def __init__(self, model: DeploymentHandle, model_name: str, guard: dict | None = None) -> None:
         self.model = model
         self.stream_handle = model.options(stream=True)
         self.model_name = model_name
+        guard = guard or {}
+        app.state.guard = GuardConfig(
+            api_keys=tuple(k.encode() for k in guard.get("api_keys", ())),
+            open_paths=frozenset(guard.get("open_paths", ("/health",))),
+            max_body_bytes=guard.get("max_body_bytes", 1 << 20),
+        )
 
     async def _open(self, body: dict):
-        """Start a generation; returns (chunk iterator, None) or (None, error dict)."""
+        """Start a generation; returns (chunk iterator, None) or (None, error dict).
+
+        A replica that dies mid-stream ends the iterator with an {"error": ...} item, so no
+        client waits on a request that can no longer finish."""
         try:
             gen = self.stream_handle.generate.remote(body)
             first = await gen.__anext__()
         except BackPressureError:
-            return None, {"status": 503, "message": "server overloaded: too many queued requests, retry later"}
+            return None, OVERLOADED
+        except RayError:
+            return None, REPLICA_LOST
         if "error" in first:
             return None, first["error"]
 
         async def chunks() -> AsyncIterator[dict]:
-            yield first
-            async for item in gen:
-                yield item
+            try:
+                yield first
+                async for item in gen:
+                    yield item
+            except RayError:
+                yield {"error": REPLICA_LOST}
+            finally:
+                # Client gone or response abandoned: cancel the replica's generator explicitly
+                # rather than rely on Serve propagating the cancellation (a no-op once finished).
+                gen.cancel()
 
         return chunks(), None
 
@@ -85,10 +120,14 @@ class LookaheadAPI:
             async def events() -> AsyncIterator[bytes]:
                 async for item in chunks:
                     yield _sse(item)
+                    if "error" in item:
+                        return
                 yield b"data: [DONE]\n\n"
 
-            return StreamingResponse(events(), media_type="text/event-stream")
+            return StreamingResponse(_closing(events(), chunks), media_type="text/event-stream")
         async for item in chunks:
+            if "error" in item:
+                return _error_response(item["error"])
             if item.get("done"):
                 item.pop("done")
                 return item
@@ -98,6 +137,7 @@ class LookaheadAPI:
 
     async def _openai(self, prompt: str, req, chat: bool):
         body = {"prompt": prompt, "max_new_tokens": req.max_tokens, "stop": stop_list(req.stop), **req.sampling(),
+                "timeout_s": req.timeout_s,
                 "lookahead": req.lookahead if isinstance(req.lookahead, str) else req.lookahead.model_dump()}
         chunks, err = await self._open(body)
         if err:
@@ -107,7 +147,7 @@ class LookaheadAPI:
         kind = "chat.completion" if chat else "text_completion"
 
         def finish(reason: str) -> str:
-            return "length" if reason == "length" else "stop"
+            return "length" if reason in ("length", "timeout") else "stop"
 
         if req.stream:
             async def events() -> AsyncIterator[bytes]:
@@ -115,6 +155,9 @@ class LookaheadAPI:
                     yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
                                 "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
                 async for item in chunks:
+                    if "error" in item:
+                        yield _sse(item)
+                        return
                     if item.get("done"):
                         end = {"index": 0, "finish_reason": finish(item["finish_reason"])}
                         end.update({"delta": {}} if chat else {"text": "", "logprobs": None})
@@ -127,8 +170,10 @@ class LookaheadAPI:
                                     "model": self.model_name, "choices": [choice]})
                 yield b"data: [DONE]\n\n"
 
-            return StreamingResponse(events(), media_type="text/event-stream")
+            return StreamingResponse(_closing(events(), chunks), media_type="text/event-stream")
         async for item in chunks:
+            if "error" in item:
+                return _error_response(item["error"])
             if item.get("done"):
                 usage = item["usage"]
                 choice = {"index": 0, "finish_reason": finish(item["finish_reason"])}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -9,7 +10,7 @@ from collections.abc import AsyncIterator
 from ray import serve
 from ray.serve import metrics
 
-from lookahead_core.async_engine import AsyncEngine
+from lookahead_core.async_engine import AsyncEngine, RequestTimeout
 from lookahead_core.auto_lookahead import AutoLookahead
 from lookahead_core.engine import Engine, EngineOverloaded
 from lookahead_core.loading import load_model
@@ -28,9 +29,19 @@ def _error(status: int, message: str) -> dict:
     return {"error": {"status": status, "message": message}}
 
 
-@serve.deployment(name="LookaheadModel", max_ongoing_requests=64)
+def _rss_mb() -> float | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# A dead replica is noticed within ~2 s and replaced (Serve's default checks every 10 s).
+@serve.deployment(name="LookaheadModel", max_ongoing_requests=64, health_check_period_s=2, health_check_timeout_s=10)
 class LookaheadModel:
     def __init__(self, args: dict) -> None:
+        self.started = time.time()
         self.args = AppArgs.model_validate(args)
         m = self.args.model
         model, tokenizer = load_model(resolve_path(m.path), dtype=m.dtype, device=m.device,
@@ -44,6 +55,8 @@ class LookaheadModel:
         self.async_engine = AsyncEngine(self.engine, before_step=self.auto.before_step)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         self.eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.max_prompt_tokens = min(self.args.limits.max_prompt_tokens or self.engine.max_seq_len - 1,
+                                     self.engine.max_seq_len - 1)
         tags = ("lookahead",)
         self.m_compression = metrics.Histogram("lookahead_compression", "tokens per decode step, per request",
                                                boundaries=[1, 1.25, 1.5, 2, 2.5, 3, 4, 6], tag_keys=tags)
@@ -59,13 +72,21 @@ class LookaheadModel:
         self.m_w = metrics.Gauge("lookahead_router_w", "W chosen by the router")
         self.m_g = metrics.Gauge("lookahead_router_g", "G chosen by the router")
 
+    def check_health(self) -> None:
+        """Serve calls this every health_check_period_s; a dead engine thread gets the replica replaced."""
+        if not self.async_engine.alive:
+            raise RuntimeError("the engine thread is not running")
+
     def info(self) -> dict:
         running, waiting = self.async_engine.queue_depth()
         cur = self.auto.current
+        engine = self.engine
         return {
             "model": self.args.model.served_name,
             "running": running,
             "waiting": waiting,
+            "replica": {"pid": os.getpid(), "started_at": round(self.started, 3), "rss_mb": _rss_mb(),
+                        "engine_steps": engine.steps, "aborted_requests": engine.aborted},
             "router": {"policy": self.args.router.policy, "current": None if cur is None else [cur.n, cur.w, cur.g],
                        "steps_by_choice": dict(self.auto.choices)},
         }
@@ -82,9 +103,19 @@ class LookaheadModel:
             return _error(400, f"`stop` takes at most {limits.max_stop_strings} non-empty strings of at most "
                                f"{limits.max_stop_chars} characters")
         if request.get("input_ids") is not None:
-            return [int(t) for t in request["input_ids"]]
-        ids = self.tokenizer(request["prompt"])["input_ids"]
-        return ids if ids else _error(400, "the prompt tokenizes to nothing")
+            ids = [int(t) for t in request["input_ids"]]
+        else:
+            ids = self.tokenizer(request["prompt"])["input_ids"]
+            if not ids:
+                return _error(400, "the prompt tokenizes to nothing")
+        if len(ids) > self.max_prompt_tokens:
+            return _error(400, f"the prompt has {len(ids)} tokens; this server accepts at most {self.max_prompt_tokens}")
+        return ids
+
+    def _timeout(self, request: dict) -> float | None:
+        """The request's own timeout_s, capped by the server's request_timeout_s."""
+        limits = [t for t in (request.get("timeout_s"), self.args.limits.request_timeout_s) if t is not None]
+        return min(limits) if limits else None
 
     async def generate(self, request: dict) -> AsyncIterator[dict]:
         """Stream one dict per engine step, {"token_ids", "text"}, then a summary with "done".
@@ -103,8 +134,9 @@ class LookaheadModel:
         except ValueError as exc:
             yield _error(400, str(exc))
             return
+        timeout_s = self._timeout(request)
         stream = self.async_engine.generate(prompt_ids, max_new_tokens=request["max_new_tokens"], params=params,
-                                            eos_token_id=self.eos, request_id=seq_id, sampling=sampling)
+                                            eos_token_id=self.eos, request_id=seq_id, sampling=sampling, timeout_s=timeout_s)
         text = TextStream(self.tokenizer, request.get("stop") or [])
         tokens: list[int] = []
         steps, ttft, finish = 0, None, "length"
@@ -129,6 +161,18 @@ class LookaheadModel:
         except (ValueError, TypeError) as exc:
             yield _error(400, str(exc))
             return
+        except RequestTimeout:
+            if not tokens:  # nothing produced: an error, not an empty success
+                # The client's own deadline is a 408; the server's ceiling is a 504.
+                own = request.get("timeout_s") is not None and request["timeout_s"] <= timeout_s
+                status, whose = (408, "its timeout_s") if own else (504, "the server's request_timeout_s")
+                yield _error(status, f"request timed out after {timeout_s:g} s ({whose}) before its first token")
+                return
+            finish = "timeout"
+        except RuntimeError as exc:  # the engine step failed; the engine has already started clean
+            log.error("request %s failed: %s", seq_id, exc)
+            yield _error(500, f"generation failed: {exc}")
+            return
         finally:
             await stream.aclose()
             self.auto.forget(seq_id)
@@ -142,7 +186,7 @@ class LookaheadModel:
             "done": True,
             "text": text.text,
             "token_ids": tokens,
-            "finish_reason": {"eos": "eos", "stop": "stop"}.get(finish, "length"),
+            "finish_reason": {"eos": "eos", "stop": "stop", "timeout": "timeout"}.get(finish, "length"),
             "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens)},
             "lookahead": {"mode": mode, "n": chosen.n if chosen else None, "w": chosen.w if chosen else None,
                           "g": chosen.g if chosen else None, "steps": steps,

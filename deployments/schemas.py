@@ -34,6 +34,9 @@ def parse_lookahead(value):
 
 class _WithLookahead(BaseModel):
     lookahead: Literal["auto", "off"] | LookaheadSpec = "auto"
+    timeout_s: float | None = Field(
+        None, gt=0, le=86400, description="end the request after this many seconds (capped by the server's limit)"
+    )
 
     @field_validator("lookahead", mode="before")
     @classmethod

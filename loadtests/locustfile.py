@@ -92,6 +92,9 @@ class GenerateUser(HttpUser):
                 if data == b"[DONE]":
                     break
                 event = json.loads(data)
+                if "error" in event:  # e.g. the replica died mid-stream
+                    resp.failure(f"error event {event['error'].get('status')}: {event['error'].get('message')}")
+                    return
                 if event.get("done"):
                     summary = event
                 elif event.get("token_ids"):

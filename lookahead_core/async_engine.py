@@ -14,6 +14,10 @@ from .params import LookaheadParams
 log = logging.getLogger(__name__)
 
 
+class RequestTimeout(TimeoutError):
+    """A request outlived its `timeout_s`; it has been aborted."""
+
+
 class AsyncEngine:
     """Owns an `Engine` on a dedicated thread, so model forwards never block the event loop.
 
@@ -46,23 +50,36 @@ class AsyncEngine:
         stop_token_ids: Iterable[int] = (),
         request_id: str | None = None,
         sampling=None,
+        timeout_s: float | None = None,
     ) -> AsyncIterator[StepOutput]:
         """Yield one `StepOutput` per engine step that accepted tokens for this request.
 
         Raises ValueError / EngineOverloaded before the first yield if the engine refuses the
-        request. Closing the iterator early (a client gone) aborts the request.
+        request, and `RequestTimeout` once `timeout_s` has passed since the call (the request is
+        aborted). Closing the iterator early (a client gone) aborts the request.
         """
         seq_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         queue: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
         kwargs = dict(max_new_tokens=max_new_tokens, params=params, eos_token_id=eos_token_id, stop_token_ids=stop_token_ids, sampling=sampling)
         self._submit(("add", seq_id, list(prompt), kwargs, loop, queue, accepted))
-        await accepted
+        try:
+            await accepted
+        except asyncio.CancelledError:
+            self.abort(seq_id)  # the engine may have taken it in already
+            raise
         done = False
         try:
             while True:
-                item = await queue.get()
+                if deadline is None:
+                    item = await queue.get()
+                else:
+                    try:
+                        item = await asyncio.wait_for(queue.get(), max(deadline - loop.time(), 0))
+                    except asyncio.TimeoutError:
+                        raise RequestTimeout(f"request timed out after {timeout_s:g} s") from None
                 if isinstance(item, BaseException):
                     done = True
                     raise item
@@ -85,6 +102,11 @@ class AsyncEngine:
         """(running, waiting) as of the engine's last step, plus requests not yet taken in."""
         running, waiting = self._depth
         return running, waiting + sum(1 for c in list(self._commands) if c[0] == "add")
+
+    @property
+    def alive(self) -> bool:
+        """False once the engine thread has died or been shut down."""
+        return self._thread.is_alive() and not self._stopping
 
     def shutdown(self) -> None:
         self._stopping = True
@@ -128,10 +150,12 @@ class AsyncEngine:
                 try:
                     engine.add_request(seq_id, prompt, **kwargs)
                 except Exception as exc:
-                    loop.call_soon_threadsafe(_settle, accepted, exc)
+                    _call_soon(loop, _settle, accepted, exc)
                     continue
-                self._streams[seq_id] = (loop, queue)
-                loop.call_soon_threadsafe(_settle, accepted, None)
+                if _call_soon(loop, _settle, accepted, None):
+                    self._streams[seq_id] = (loop, queue)
+                else:  # the caller's event loop is gone
+                    engine.abort(seq_id)
             elif kind == "abort":
                 engine.abort(cmd[1])
             elif kind == "params":
@@ -144,13 +168,24 @@ class AsyncEngine:
         target = self._streams.pop(seq_id, None) if final else self._streams.get(seq_id)
         if target is not None:
             loop, queue = target
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            if not _call_soon(loop, queue.put_nowait, item):  # the caller's loop is gone: nobody listens
+                self._streams.pop(seq_id, None)
+                self.engine.abort(seq_id)
 
     def _fail_all(self, exc: Exception) -> None:
         error = RuntimeError(f"engine step failed: {exc}")
         self.engine.abort_all()
         for seq_id in list(self._streams):
             self._deliver(seq_id, error, final=True)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
+    """Schedule fn on the caller's loop; False if that loop is closed (the engine thread must not die)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+        return True
+    except RuntimeError:
+        return False
 
 
 def _settle(future: asyncio.Future, exc: BaseException | None) -> None:

@@ -70,6 +70,8 @@ class Engine:
         self._finished_early: list[StepOutput] = []
         self.forward_s = 0.0
         self.step_s = 0.0
+        self.steps = 0  # lifetime counters, for health and leak checks
+        self.aborted = 0
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -104,8 +106,12 @@ class Engine:
                 f"limit of {self.max_seq_len} tokens"
             )
         self.runner.check_tokens(prompt)
-        if len(self.scheduler.waiting) >= self.config.max_waiting:
-            raise EngineOverloaded(f"{len(self.scheduler.waiting)} requests are already waiting")
+        # Requests that will get a free slot at the next step are not "waiting"; a burst that
+        # arrives between two steps must not be refused while slots are free.
+        sched = self.scheduler
+        free = self.config.max_batch - len(sched.running) - (sched.prefilling is not None)
+        if len(sched.waiting) >= self.config.max_waiting + max(free, 0):
+            raise EngineOverloaded(f"{len(sched.waiting)} requests are already waiting for a slot")
         seq = Sequence(seq_id, prompt, params, stop, self.runner.layout, sampling)
         self._seqs[seq_id] = seq
         self.scheduler.add(seq)
@@ -132,6 +138,7 @@ class Engine:
             self.cache.lengths[len(sched.running)] = 0
             del self._seqs[seq_id]
         self._finished_early.append(StepOutput(seq_id, [], "abort", _stats(seq)))
+        self.aborted += 1
         return True
 
     def abort_all(self) -> None:
@@ -174,6 +181,7 @@ class Engine:
         if self.scheduler.running:
             outputs.extend(self._decode())
             self._retire()
+        self.steps += 1
         self.step_s += time.perf_counter() - t0
         return outputs
 

@@ -74,3 +74,32 @@ def test_asking_for_missing_gpus_fails_fast_with_a_message():
 def test_bad_app_args_are_refused(args, message):
     with pytest.raises(Exception, match=message):
         AppArgs.model_validate(args)
+
+
+def test_auth_is_off_by_default_and_trust_remote_code_needs_the_config():
+    args = AppArgs()
+    assert args.auth.resolve_keys({}) == []
+    assert args.model.trust_remote_code is False
+    for path in SERVE_CONFIGS:
+        for app in yaml.safe_load(path.read_text())["applications"]:
+            assert AppArgs.model_validate(app["args"]).model.trust_remote_code is False
+
+
+def test_api_keys_come_from_the_config_or_an_environment_variable():
+    from deployments.config import AuthArgs
+
+    auth = AuthArgs(api_keys=["a" * 16], api_keys_env="LOOKAHEAD_KEYS")
+    assert auth.resolve_keys({"LOOKAHEAD_KEYS": " " + "b" * 16 + ", " + "c" * 20 + " "}) == ["a" * 16, "b" * 16, "c" * 20]
+    assert "a" * 16 not in repr(auth)  # secrets stay out of logs
+    with pytest.raises(ValueError, match="unset or empty"):
+        auth.resolve_keys({})
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        AuthArgs(api_keys=["short"]).resolve_keys({})
+
+
+def test_auth_keys_never_reach_the_model_replicas():
+    app = build_app({"auth": {"api_keys": ["k" * 20]}})
+    ingress = app._bound_deployment
+    model_bound = ingress.init_args[0]
+    assert "auth" not in model_bound._bound_deployment.init_args[0]
+    assert ingress.init_args[2]["api_keys"] == ["k" * 20]

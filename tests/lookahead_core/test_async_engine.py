@@ -41,21 +41,47 @@ def test_concurrent_streams_equal_their_references(setup):
         assert last.finish_reason == "length" and last.stats["new_tokens"] == 24
 
 
-def test_closing_a_stream_frees_its_slot(setup):
+def test_closing_a_stream_frees_its_slot_within_one_step(setup):
     engine, cases = setup
+    aborted = engine.engine.aborted
 
     async def main():
         stream = engine.generate(cases[0][0], max_new_tokens=500, eos_token_id=[])
         await stream.__anext__()
         assert engine.queue_depth()[0] == 1
+        closed_at = engine.engine.steps
         await stream.aclose()
-        for _ in range(100):
+        for _ in range(200):
             if engine.queue_depth() == (0, 0):
-                return True
-            await asyncio.sleep(0.01)
-        return False
+                return engine.engine.steps - closed_at
+            await asyncio.sleep(0.005)
+        return None
 
-    assert asyncio.run(main())
+    steps = asyncio.run(main())
+    # The step running when the client left may finish; the next one frees the slot.
+    assert steps is not None and steps <= 2, steps
+    assert engine.engine.aborted == aborted + 1
+
+
+def test_timeout_aborts_the_request(setup):
+    engine, cases = setup
+    from lookahead_core.async_engine import RequestTimeout
+
+    async def main():
+        got = []
+        with pytest.raises(RequestTimeout, match="timed out after 0.05 s"):
+            async for step in engine.generate(cases[1][0], max_new_tokens=500, eos_token_id=[], timeout_s=0.05):
+                got += step.tokens
+        return got
+
+    t0 = time.perf_counter()
+    got = asyncio.run(main())
+    assert time.perf_counter() - t0 < 0.5 and len(got) < 500
+    for _ in range(100):
+        if engine.queue_depth() == (0, 0):
+            break
+        time.sleep(0.01)
+    assert engine.queue_depth() == (0, 0) and engine.alive
 
 
 def test_invalid_request_raises_before_streaming(setup):

@@ -136,9 +136,15 @@ def test_duplicate_ids_and_overload(setup):
     engine.add_request("a", [5], max_new_tokens=4)
     with pytest.raises(ValueError, match="already in the engine"):
         engine.add_request("a", [5], max_new_tokens=4)
+    # One free slot plus two waiting places: a burst of three is taken in before any step.
     engine.add_request("b", [5], max_new_tokens=4)
-    with pytest.raises(EngineOverloaded):
-        engine.add_request("c", [5], max_new_tokens=4)
+    engine.add_request("c", [5], max_new_tokens=4)
+    with pytest.raises(EngineOverloaded, match="3 requests are already waiting"):
+        engine.add_request("d", [5], max_new_tokens=4)
+    engine.step()  # "a" takes the slot; "b" and "c" fill the two waiting places
+    assert engine.queue_depth() == (1, 2)
+    with pytest.raises(EngineOverloaded, match="2 requests are already waiting"):
+        engine.add_request("d", [5], max_new_tokens=4)
 
 
 def test_engine_limits_against_the_model(setup):

@@ -1,0 +1,99 @@
+"""ASGI guard in front of every route: bearer-token auth, then a cap on the request body.
+
+Both run before FastAPI parses anything, so an unauthenticated or oversized request costs
+no parsing, no tokenization and no engine slot.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    api_keys: tuple[bytes, ...] = ()
+    open_paths: frozenset[str] = field(default_factory=lambda: frozenset({"/health"}))
+    max_body_bytes: int = 1 << 20
+
+
+def key_matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:
+    """Constant-time in the presented key: every configured key is compared, no early exit."""
+    ok = False
+    for key in keys:
+        ok |= hmac.compare_digest(presented, key)
+    return ok
+
+
+def _route_path(scope) -> str:
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return (path[len(root):] or "/") if root and path.startswith(root) else path
+
+
+class RequestGuard:
+    """Pure ASGI middleware; reads its `GuardConfig` from `app.state.guard` (set by the ingress
+    replica at start-up, since the FastAPI app object exists before the config is known)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        config: GuardConfig | None = getattr(getattr(scope.get("app"), "state", None), "guard", None)
+        if scope["type"] != "http" or config is None:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        if config.api_keys and _route_path(scope) not in config.open_paths:
+            auth = headers.get(b"authorization", b"")
+            scheme, _, token = auth.partition(b" ")
+            if scheme.lower() != b"bearer" or not key_matches(token.strip(), config.api_keys):
+                message = "missing API key: send `Authorization: Bearer <key>`" if not auth else "invalid API key"
+                await _reply(send, 401, message, [(b"www-authenticate", b"Bearer")])
+                return
+        limit = config.max_body_bytes
+        length = headers.get(b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                await _reply(send, 400, "invalid Content-Length header")
+                return
+            if declared > limit:
+                await _reply(send, 413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+                return
+            await self.app(scope, receive, send)
+            return
+        # No Content-Length (chunked): read the body under the cap, then replay it.
+        body, more = [], True
+        size = 0
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([message]), send)
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await _reply(send, 413, f"request body exceeds the limit of {limit} bytes")
+                return
+            body.append(chunk)
+            more = message.get("more_body", False)
+        await self.app(scope, _replay([{"type": "http.request", "body": b"".join(body), "more_body": False}], receive), send)
+
+
+def _replay(messages: list[dict], receive=None):
+    async def replayed():
+        if messages:
+            return messages.pop(0)
+        if receive is not None:
+            return await receive()  # e.g. http.disconnect, so streaming responses see the client leave
+        return {"type": "http.disconnect"}
+
+    return replayed
+
+
+async def _reply(send, status: int, message: str, extra_headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps({"error": {"status": status, "message": message}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra_headers]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -49,6 +49,17 @@ async def _closing(events: AsyncIterator[bytes], chunks) -> AsyncIterator[bytes]
         await chunks.aclose()
 
 
+async def _summary(chunks) -> dict:
+    """Drain a generation to its final summary ({"done": True, ...}) or its first {"error": ...}."""
+    try:
+        async for item in chunks:
+            if "error" in item or item.get("done"):
+                return item
+    finally:
+        await chunks.aclose()
+    return {"error": {"status": 500, "message": "generation ended without a result"}}
+
+
 def _sse(obj) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
@@ -125,13 +136,11 @@ class LookaheadAPI:
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(_closing(events(), chunks), media_type="text/event-stream")
-        async for item in chunks:
-            if "error" in item:
-                return _error_response(item["error"])
-            if item.get("done"):
-                item.pop("done")
-                return item
-        return _error_response({"status": 500, "message": "generation ended without a result"})
+        summary = await _summary(chunks)
+        if "error" in summary:
+            return _error_response(summary["error"])
+        summary.pop("done")
+        return summary
 
     # ---- OpenAI-compatible ------------------------------------------------------------------
 
@@ -171,20 +180,18 @@ class LookaheadAPI:
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(_closing(events(), chunks), media_type="text/event-stream")
-        async for item in chunks:
-            if "error" in item:
-                return _error_response(item["error"])
-            if item.get("done"):
-                usage = item["usage"]
-                choice = {"index": 0, "finish_reason": finish(item["finish_reason"])}
-                if chat:
-                    choice["message"] = {"role": "assistant", "content": item["text"]}
-                else:
-                    choice.update({"text": item["text"], "logprobs": None})
-                return {"id": rid, "object": kind, "created": created, "model": self.model_name, "choices": [choice],
-                        "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
-                        "lookahead": item["lookahead"]}
-        return _error_response({"status": 500, "message": "generation ended without a result"})
+        item = await _summary(chunks)
+        if "error" in item:
+            return _error_response(item["error"])
+        usage = item["usage"]
+        choice = {"index": 0, "finish_reason": finish(item["finish_reason"])}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": item["text"]}
+        else:
+            choice.update({"text": item["text"], "logprobs": None})
+        return {"id": rid, "object": kind, "created": created, "model": self.model_name, "choices": [choice],
+                "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
+                "lookahead": item["lookahead"]}
 
     @app.post("/v1/completions")
     async def completions(self, req: CompletionRequest):

@@ -69,8 +69,7 @@ class RequestGuard:
         while more:
             message = await receive()
             if message["type"] != "http.request":
-                await self.app(scope, _replay([message]), send)
-                return
+                return  # the client left before its body arrived: nothing to answer
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
@@ -81,13 +80,11 @@ class RequestGuard:
         await self.app(scope, _replay([{"type": "http.request", "body": b"".join(body), "more_body": False}], receive), send)
 
 
-def _replay(messages: list[dict], receive=None):
+def _replay(messages: list[dict], receive):
     async def replayed():
         if messages:
             return messages.pop(0)
-        if receive is not None:
-            return await receive()  # e.g. http.disconnect, so streaming responses see the client leave
-        return {"type": "http.disconnect"}
+        return await receive()  # e.g. http.disconnect, so streaming responses see the client leave
 
     return replayed
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from .params import LookaheadParams
 
@@ -56,6 +56,7 @@ class StepCostProfile(BaseModel):
     tokens: list[int]
     latency_ms: list[list[float]]
     settings: list[Setting]
+    _cost: list[list[float]] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _shape(self) -> StepCostProfile:
@@ -65,7 +66,23 @@ class StepCostProfile(BaseModel):
             raise ValueError("latency_ms must be len(batch_sizes) rows of len(tokens) values")
         if not any(s.n is None for s in self.settings):
             raise ValueError("settings must include plain decoding (n: null)")
+        self._cost = self._monotone(self.latency_ms)
         return self
+
+    @staticmethod
+    def _monotone(lat: list[list[float]]) -> list[list[float]]:
+        """Each cell lowered to the cheapest cell with at least its batch and tokens. Timing noise
+        only adds time, so a cell dearer than a bigger step is noise, and left in it would tell the
+        router that a small batch of plain steps costs more than it does."""
+        rows, cols = len(lat), len(lat[0])
+        cost = [row[:] for row in lat]
+        for i in reversed(range(rows)):
+            for j in reversed(range(cols)):
+                if i + 1 < rows:
+                    cost[i][j] = min(cost[i][j], cost[i + 1][j])
+                if j + 1 < cols:
+                    cost[i][j] = min(cost[i][j], cost[i][j + 1])
+        return cost
 
     @classmethod
     def load(cls, path: str | Path) -> StepCostProfile:
@@ -76,7 +93,8 @@ class StepCostProfile(BaseModel):
         Path(path).write_text(yaml.safe_dump(self.model_dump(), sort_keys=False))
 
     def step_ms(self, batch: int, tokens: float) -> float:
-        """Bilinear interpolation in (batch, tokens), linear extrapolation beyond the grid."""
+        """Bilinear interpolation in (batch, tokens) over the monotone grid, linear extrapolation
+        beyond it."""
 
         def bracket(axis: list[int], x: float) -> tuple[int, int, float]:
             if len(axis) == 1:
@@ -86,7 +104,7 @@ class StepCostProfile(BaseModel):
 
         i0, i1, fb = bracket(self.batch_sizes, batch)
         j0, j1, ft = bracket(self.tokens, tokens)
-        lat = self.latency_ms
+        lat = self._cost
         low = lat[i0][j0] + ft * (lat[i0][j1] - lat[i0][j0])
         high = lat[i1][j0] + ft * (lat[i1][j1] - lat[i1][j0])
         return max(low + fb * (high - low), 1e-3)

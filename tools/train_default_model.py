@@ -102,6 +102,9 @@ def main() -> None:
     ap.add_argument("--max-mb-per-origin", type=float, default=4.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model and fuse AdamW: ~20%% faster steps on this CPU (needs a C++ compiler); "
+                    "the shipped model was trained without it")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -134,7 +137,8 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95), fused=args.compile)
+    forward = torch.compile(model) if args.compile else model
 
     def lr_at(step: int) -> float:
         if step < args.warmup:
@@ -151,7 +155,7 @@ def main() -> None:
         starts = gen.integers(0, len(train_ids) - args.seq - 1, size=args.batch)
         x = torch.from_numpy(np.stack([train_ids[s : s + args.seq] for s in starts]).astype(np.int64))
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=x, labels=x).loss
+            loss = forward(input_ids=x, labels=x).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

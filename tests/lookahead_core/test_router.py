@@ -34,13 +34,6 @@ def router(policy="goodput", profile=None, **kw):
     return Router(cfg, profile=profile or cpu_like_profile())
 
 
-def test_profile_interpolates_and_extrapolates():
-    p = cpu_like_profile()
-    assert p.step_ms(1, 1) == pytest.approx(2.05)
-    assert p.step_ms(3, 10) == pytest.approx(2 + 0.05 * 3 * 10, rel=0.1)
-    assert p.step_ms(64, 1) > p.step_ms(32, 1)
-
-
 def test_goodput_uses_lookahead_when_idle_and_plain_when_busy():
     r = router()
     assert r.choose(1) == LookaheadParams(4, 5, 5)
@@ -103,14 +96,3 @@ def test_fixed_plain_and_table_policies():
 def test_config_errors(kwargs, message):
     with pytest.raises(ValidationError, match=message):
         RouterConfig(**kwargs)
-
-
-def test_profile_validation_and_round_trip(tmp_path):
-    p = cpu_like_profile()
-    path = tmp_path / "p.yaml"
-    p.save(path)
-    assert StepCostProfile.load(path) == p
-    with pytest.raises(ValidationError, match="plain"):
-        StepCostProfile(**{**p.model_dump(), "settings": [Setting(n=4, w=5, g=5)]})
-    with pytest.raises(ValidationError, match="rows"):
-        StepCostProfile(**{**p.model_dump(), "latency_ms": [[1.0]]})

@@ -18,6 +18,7 @@ import math
 import random
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -110,10 +111,7 @@ def main(argv=None) -> dict:
         for name, done in runs.items():
             lat, ttft, tpot, sizes = ([x for (out, _) in done for x in out[k]] for k in range(4))
             r = summarize(lat, ttft, tpot, sum(sizes), sum(out[4] for out, _ in done), None, args.slo_tpot_ms, sizes)
-            choices: dict[str, int] = {}
-            for _, c in done:
-                for k, v in c.items():
-                    choices[k] = choices.get(k, 0) + v
+            choices = sum((Counter(c) for _, c in done), Counter())
             r["choices"] = {k: round(v / sum(choices.values()), 3) for k, v in sorted(choices.items())}
             results.setdefault(name, {})[rate] = r
     print(file=sys.stderr)

@@ -8,7 +8,9 @@ Latency runs from each request's scheduled arrival, so queueing counts. Goodput 
 second of the requests that met the TPOT SLO. Policies: plain, each fixed setting, goodput.
 Each level offers load for at least --min-arrival-s seconds (so overload reaches a steady queue
 rather than measuring ramp-up and drain), and every policy replays the schedule --rounds times,
-in alternating order, so that drift in the machine's speed falls on all policies alike.
+in alternating order, so that drift in the machine's speed falls on all policies alike. Every run
+starts from an empty shared n-gram pool and no request of a level repeats a prompt, so no policy
+decodes text the replica has already seen.
 """
 from __future__ import annotations
 
@@ -35,13 +37,15 @@ from lookahead_core.router import Router  # noqa: E402
 
 def open_loop(engine: Engine, auto: AutoLookahead, prompts, arrivals: list[float], max_new: int) -> tuple:
     n = len(arrivals)
+    if engine.shared_pool is not None:
+        engine.shared_pool.clear()
     first, done, produced = {}, {}, {}
     nxt = 0
     t0 = time.perf_counter()
     while len(done) < n:
         now = time.perf_counter() - t0
         while nxt < n and arrivals[nxt] <= now:
-            engine.add_request(nxt, prompts[nxt % len(prompts)], max_new_tokens=max_new, params=auto.register(nxt), eos_token_id=[])
+            engine.add_request(nxt, prompts[nxt], max_new_tokens=max_new, params=auto.register(nxt), eos_token_id=[])
             nxt += 1
         if not engine.has_work():
             time.sleep(max(0.0, arrivals[nxt] - now))
@@ -83,10 +87,14 @@ def main(argv=None) -> dict:
 
     profile = StepCostProfile.load(args.profile)
     model, tok = load_model(args.model)
-    prompts = load_prompts(args.prompts or None, tok, 64, model.config.vocab_size, 64, seed=0)
     engine = Engine(ModelRunner(model), EngineConfig(max_batch=args.max_batch, max_new_tokens=args.max_new_tokens, prefill_chunk=256))
     capacity = args.max_batch / (profile.step_ms(args.max_batch, 1) / 1000 * args.max_new_tokens)
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [round(capacity * f, 2) for f in (0.025, 0.1, 0.5, 1.5)]
+    per_level = [max(args.requests, math.ceil(rate * args.min_arrival_s)) for rate in rates]
+    prompts = load_prompts(args.prompts or None, tok, max(per_level), model.config.vocab_size, 64, seed=0)
+    if len(prompts) < max(per_level):
+        sys.exit(f"{args.prompts} holds {len(prompts)} prompts; the levels need {max(per_level)} distinct ones "
+                 "(fewer --requests, a shorter --min-arrival-s, or --prompts '' for random ones)")
     fixed = [s for s in args.fixed.split(";") if s.strip()]
     configs = policies(args.profile, profile, args.max_batch, fixed, args.slo_tpot_ms)
 
@@ -94,10 +102,10 @@ def main(argv=None) -> dict:
     total, count, start = len(configs) * len(rates) * args.rounds, 0, time.perf_counter()
     for cfg in configs.values():  # first use of each step shape pays one-time costs; not in the figures
         open_loop(engine, AutoLookahead(Router(cfg, profile=profile)), prompts, [0.0, 0.0], min(8, args.max_new_tokens))
-    for rate in rates:
+    for rate, n_requests in zip(rates, per_level):
         rng = random.Random(args.seed)
         arrivals, t = [], 0.0
-        for _ in range(max(args.requests, math.ceil(rate * args.min_arrival_s))):
+        for _ in range(n_requests):
             arrivals.append(t)
             t += rng.expovariate(rate)
         runs: dict[str, list] = {name: [] for name in configs}

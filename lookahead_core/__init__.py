@@ -7,6 +7,7 @@ from .model_runner import ModelRunner
 from .ngram_pool import NGramPool
 from .params import LookaheadParams
 from .sampling import SamplingParams
+from .shared_pool import SharedNGramPool
 from .stopping import StopCondition
 from .verify import verify_greedy
 from .window import LookaheadWindow
@@ -20,6 +21,7 @@ __all__ = [
     "SamplingParams",
     "NGramPool",
     "SequenceDecoder",
+    "SharedNGramPool",
     "SlotKVCache",
     "StepLayout",
     "StopCondition",

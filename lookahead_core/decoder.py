@@ -12,6 +12,7 @@ from .model_runner import ModelRunner
 from .params import LookaheadParams
 from .sampling import SamplingParams
 from .sequence import Sequence
+from .shared_pool import SharedNGramPool
 from .stopping import StopCondition
 
 
@@ -25,11 +26,12 @@ class SequenceDecoder:
         params: LookaheadParams | None,
         stop: StopCondition,
         sampling: SamplingParams | None = None,
+        shared_pool: SharedNGramPool | None = None,
     ) -> None:
         runner.check_tokens(prompt)
         runner.check_length(len(prompt) + stop.max_new_tokens)
         self.runner = runner
-        self.seq = Sequence(0, prompt, params, stop, runner.layout, sampling)
+        self.seq = Sequence(0, prompt, params, stop, runner.layout, sampling, shared_pool)
         self.forward_s = 0.0
         self.step_s = 0.0
         max_tokens = self.seq.layout.max_tokens

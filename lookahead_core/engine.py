@@ -16,6 +16,7 @@ from .params import LookaheadParams
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
+from .shared_pool import SharedNGramPool
 from .stopping import StopCondition
 
 
@@ -63,6 +64,7 @@ class Engine:
         self.cache = BatchKVCache(r.num_layers, cfg.max_batch, capacity, r.device)
         self.buffers = BatchStepBuffers(cfg.max_batch, cfg.max_step_tokens, capacity, r.dtype, r.device)
         self.scheduler = Scheduler(cfg.max_batch, cfg.prefill_chunk)
+        self.shared_pool = SharedNGramPool(cfg.shared_pool_cap, cfg.shared_pool_keys) if cfg.shared_pool_cap else None
         self._prefill_mask = torch.zeros((1, 1, cfg.prefill_chunk, capacity), dtype=r.dtype, device=r.device)
         self._causal = torch.full((cfg.prefill_chunk, cfg.prefill_chunk), torch.finfo(r.dtype).min, dtype=r.dtype, device=r.device).triu_(1)
         self._max_position = (ctx or np.iinfo(np.int64).max) - 1
@@ -112,7 +114,7 @@ class Engine:
         free = self.config.max_batch - len(sched.running) - (sched.prefilling is not None)
         if len(sched.waiting) >= self.config.max_waiting + max(free, 0):
             raise EngineOverloaded(f"{len(sched.waiting)} requests are already waiting for a slot")
-        seq = Sequence(seq_id, prompt, params, stop, self.runner.layout, sampling)
+        seq = Sequence(seq_id, prompt, params, stop, self.runner.layout, sampling, self.shared_pool)
         self._seqs[seq_id] = seq
         self.scheduler.add(seq)
 
@@ -244,6 +246,8 @@ class Engine:
         while b >= 0:
             if running[b].finished:
                 self._seqs.pop(running[b].seq_id, None)
+                if self.shared_pool is not None:
+                    self.shared_pool.add_text(running[b].tokens)
                 last = len(running) - 1
                 if b != last:
                     cache.move_slot(last, b)

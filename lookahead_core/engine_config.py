@@ -19,6 +19,10 @@ class EngineConfig(BaseModel):
     max_n: int = Field(8, ge=2)
     max_w: int = Field(16, ge=1)
     max_g: int = Field(16, ge=0)
+    shared_pool_cap: int = Field(
+        8, ge=0, description="continuations per token in the replica's shared n-gram pool of finished requests' text; 0 turns it off"
+    )
+    shared_pool_keys: int = Field(65536, ge=1, description="first tokens kept per n-gram size in the shared pool")
 
     @property
     def max_step_tokens(self) -> int:

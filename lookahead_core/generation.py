@@ -10,6 +10,7 @@ from .decoder import SequenceDecoder
 from .model_runner import ModelRunner
 from .params import LookaheadParams
 from .sampling import SamplingParams
+from .shared_pool import SharedNGramPool
 from .stopping import StopCondition
 
 
@@ -61,6 +62,7 @@ def make_decoder(
     eos_token_id: int | Iterable[int] | None = None,
     stop_token_ids: Iterable[int] = (),
     sampling: SamplingParams | None = None,
+    shared_pool: SharedNGramPool | None = None,
 ) -> SequenceDecoder:
     runner = model if isinstance(model, ModelRunner) else ModelRunner(model)
     if params is not None and not isinstance(params, LookaheadParams):
@@ -69,7 +71,7 @@ def make_decoder(
     stop = StopCondition.build(max_new_tokens, eos, stop_token_ids)
     if sampling is not None and not isinstance(sampling, SamplingParams):
         raise TypeError(f"sampling must be SamplingParams or None, got {type(sampling).__name__}")
-    return SequenceDecoder(runner, _prompt_list(input_ids), params, stop, sampling)
+    return SequenceDecoder(runner, _prompt_list(input_ids), params, stop, sampling, shared_pool)
 
 
 def stream(model, input_ids, *, max_new_tokens: int, params: LookaheadParams | None = None, eos_token_id=None, stop_token_ids=(), sampling=None) -> Iterator[list[int]]:

@@ -8,16 +8,20 @@ class NGramPool:
     """Maps a token to at most `cap` continuations of `n - 1` tokens, most recently added kept.
 
     A plain dict per key gives insertion order; re-adding a continuation moves it to the back,
-    so the front is always the least recently seen one and is what gets evicted.
+    so the front is always the least recently seen one and is what gets evicted. With
+    `max_keys`, a new key beyond that many evicts the key first added longest ago.
     """
 
-    def __init__(self, n: int, cap: int) -> None:
+    def __init__(self, n: int, cap: int, max_keys: int | None = None) -> None:
         if n < 2:
             raise ValueError(f"n-gram size must be >= 2, got {n}")
         if cap < 0:
             raise ValueError(f"pool cap must be >= 0, got {cap}")
+        if max_keys is not None and max_keys < 1:
+            raise ValueError(f"pool max_keys must be >= 1, got {max_keys}")
         self.n = n
         self.cap = cap
+        self.max_keys = max_keys
         self._table: dict[int, dict[tuple[int, ...], None]] = {}
 
     def __len__(self) -> int:
@@ -28,6 +32,8 @@ class NGramPool:
             return
         conts = self._table.get(key)
         if conts is None:
+            if self.max_keys is not None and len(self._table) >= self.max_keys:
+                del self._table[next(iter(self._table))]
             self._table[key] = {continuation: None}
             return
         if continuation in conts:
@@ -48,3 +54,6 @@ class NGramPool:
         if not conts:
             return []
         return list(reversed(conts))
+
+    def clear(self) -> None:
+        self._table.clear()

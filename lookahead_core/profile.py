@@ -18,7 +18,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from .engine_config import EngineConfig
 from .params import LookaheadParams
+from .shared_pool import SharedNGramPool
 
 
 class Setting(BaseModel):
@@ -52,6 +54,7 @@ class StepCostProfile(BaseModel):
     device: str
     dtype: str = "float32"
     machine: str = ""
+    shared_pool_cap: int = Field(0, ge=0, description="the engine's shared pool the compression was measured with (0: none)")
     batch_sizes: list[int]
     tokens: list[int]
     latency_ms: list[list[float]]
@@ -157,22 +160,29 @@ def measure_step_cost(engine, batch_sizes, tokens, repeats: int, progress) -> li
     return lat
 
 
-def measure_settings(runner, prompts, candidates, max_new: int, progress) -> list[Setting]:
+def measure_settings(runner, prompts, candidates, max_new: int, progress, shared_pool: SharedNGramPool | None = None) -> list[Setting]:
+    """Compression and mean step width of each setting over the prompts, decoded one after the
+    other as a replica would: each setting starts from an empty shared pool, which fills with
+    the text of the prompts before."""
     import torch
 
     from .generation import make_decoder
 
     out = [Setting(n=None, compression=1.0, step_tokens=1.0)]
     for params in candidates:
+        if shared_pool is not None:
+            shared_pool.clear()
         tokens = steps = width = 0
         for prompt in prompts:
-            dec = make_decoder(runner, torch.tensor([prompt]), max_new_tokens=max_new, params=params)
+            dec = make_decoder(runner, torch.tensor([prompt]), max_new_tokens=max_new, params=params, shared_pool=shared_pool)
             dec.prefill()
             while not dec.finished:
-                width += dec.seq.layout.step_tokens(len(dec.seq.pool.lookup(dec.seq.tokens[-1])[: params.g]))
                 dec.step()
             tokens += len(dec.new_tokens)
             steps += dec.steps
+            width += dec.seq.planned_tokens
+            if shared_pool is not None:
+                shared_pool.add_text(dec.tokens)
         out.append(Setting(n=params.n, w=params.w, g=params.g, compression=round(tokens / steps, 4), step_tokens=round(width / steps, 2)))
         progress(f"compression {out[-1].label}")
     return out
@@ -182,7 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from .engine import Engine
-    from .engine_config import EngineConfig
     from .loading import load_model
     from .model_runner import ModelRunner
 
@@ -190,12 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--prompts", default="benchmarks/prompts/code.jsonl")
-    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--batch-sizes", default="1,2,4,8,16,32")
     ap.add_argument("--tokens", default="1,4,8,16,32,64")
     ap.add_argument("--settings", default="3,4,4;4,5,5;4,7,7;5,7,7;3,2,2;4,3,3")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=25)
+    ap.add_argument("--shared-pool-cap", type=int, default=EngineConfig.model_fields["shared_pool_cap"].default,
+                    help="the engine's shared_pool_cap the compression is measured with (0: no shared pool)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
@@ -210,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         row = json.loads(line)
         prompts.append(row["input_ids"] if "input_ids" in row else tokenizer(row["prompt"])["input_ids"])
     widest = max(tokens)
-    engine = Engine(runner, EngineConfig(max_batch=max(batch_sizes), max_n=8, max_w=max(16, widest), max_g=16, max_new_tokens=args.max_new_tokens))
+    engine = Engine(runner, EngineConfig(max_batch=max(batch_sizes), max_n=8, max_w=max(16, widest), max_g=16,
+                                         max_new_tokens=args.max_new_tokens, shared_pool_cap=args.shared_pool_cap))
     if engine.config.max_step_tokens < widest:
         sys.exit(f"--tokens up to {widest} exceeds the engine's step width {engine.config.max_step_tokens}")
     total = len(batch_sizes) * len(tokens) + len(candidates)
@@ -222,12 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         _progress(done, total, start, what)
 
     lat = measure_step_cost(engine, batch_sizes, tokens, args.repeats, progress)
-    settings = measure_settings(runner, prompts, candidates, args.max_new_tokens, progress)
+    settings = measure_settings(runner, prompts, candidates, args.max_new_tokens, progress, engine.shared_pool)
     print(file=sys.stderr)
     profile = StepCostProfile(
         model=args.model, device=args.device, dtype=args.dtype,
         machine=f"{platform.machine()} {platform.processor() or ''} torch {torch.__version__} threads={torch.get_num_threads()}".strip(),
-        batch_sizes=batch_sizes, tokens=tokens, latency_ms=lat, settings=settings,
+        batch_sizes=batch_sizes, tokens=tokens, latency_ms=lat, settings=settings, shared_pool_cap=args.shared_pool_cap,
     )
     profile.save(args.out)
     print(f"wrote {args.out}")

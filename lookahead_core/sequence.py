@@ -10,6 +10,7 @@ from .layout import StepLayout
 from .ngram_pool import NGramPool
 from .params import LookaheadParams
 from .sampling import SamplingParams, verify_sampling, warp
+from .shared_pool import SharedNGramPool
 from .stopping import StopCondition
 from .verify import verify_greedy
 from .window import LookaheadWindow
@@ -26,7 +27,8 @@ class Sequence:
 
     The last accepted token is never in the KV cache: each step feeds it first. Changing the
     lookahead params rebuilds the window and pool from the tokens so far; exactness does not
-    depend on them, only speed does.
+    depend on them, only speed does. Candidate slots its own pool leaves empty are filled from
+    the replica's `shared` pool, if given.
     """
 
     def __init__(
@@ -37,6 +39,7 @@ class Sequence:
         stop: StopCondition,
         layout_for: Callable[[LookaheadParams | None], StepLayout],
         sampling: SamplingParams | None = None,
+        shared: SharedNGramPool | None = None,
     ) -> None:
         if len(prompt) == 0:
             raise ValueError("the prompt must hold at least one token")
@@ -47,12 +50,16 @@ class Sequence:
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.steps = 0
+        self.planned_tokens = 0  # step rows fed to the model, for the profile's mean step width
         self.accepted_histogram: dict[int, int] = {}
         self._layout_for = layout_for
         self.sampling = sampling if sampling is not None and not sampling.greedy else None
         # Seeded requests draw from their own stream, so they reproduce whatever else is batched.
         self.rng = np.random.default_rng(sampling.seed if sampling is not None else None)
         self._candidates: list[tuple[int, ...]] = []
+        # Which candidates a sampled step verifies steers its random draws, so a seeded request
+        # keeps to its own pool: its output then depends on its seed alone.
+        self.shared = shared if sampling is None or sampling.seed is None else None
         self.params: LookaheadParams | None = None
         self.layout = layout_for(None)
         self.set_params(params)
@@ -75,6 +82,8 @@ class Sequence:
             self.pool = NGramPool(params.n, params.g)
             if params.pool_from_prompt:
                 self.pool.add_sequence(self.tokens)
+            if self.shared is not None:
+                self.shared.track(params.n)
 
     def plan(self, ids: np.ndarray) -> int:
         """Write this step's tokens [last | window | candidates] into `ids`; return how many."""
@@ -83,13 +92,17 @@ class Sequence:
         ids[0] = last
         if self.params is None:
             self._candidates = []
+            self.planned_tokens += 1
             return 1
         cands = self.pool.lookup(last)[: lay.g]
+        if self.shared is not None and len(cands) < lay.g:
+            self.shared.fill(lay.n, last, cands, lay.g)
         self._candidates = cands
         ids[lay.window_start : lay.cand_start] = self.window.flat()
         n_tok = lay.step_tokens(len(cands))
         if cands:
             ids[lay.cand_start : n_tok] = [t for cand in cands for t in cand]
+        self.planned_tokens += n_tok
         return n_tok
 
     def accept(self, pred: Seq[int], logits=None) -> tuple[int, list[int]]:

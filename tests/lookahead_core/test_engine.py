@@ -170,3 +170,26 @@ def test_abort_waiting_and_prefilling(setup):
     while engine.has_work():
         toks += [t for o in engine.step() for t in o.tokens]
     assert toks == cases[0][1]
+
+
+@pytest.mark.parametrize("cap", [8, 0])
+def test_shared_pool_speeds_up_a_repeat_and_keeps_it_exact(setup, cap):
+    """A finished request's text becomes candidates for the next; a repeat of it is then decoded
+    in long accepted blocks, and stays token-identical. cap 0 turns the shared pool off."""
+    model, cases = setup
+    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=cap))
+    prompt, ref, _ = cases[0]
+    steps = []
+    for i in range(2):
+        engine.add_request(i, prompt, max_new_tokens=MAX_NEW, params=LookaheadParams(4, 2, 3, pool_from_prompt=False), eos_token_id=[])
+        tokens = []
+        while engine.has_work():
+            for out in engine.step():
+                tokens += out.tokens
+                if out.finish_reason:
+                    steps.append(out.stats["steps"])
+        assert tokens == ref
+    if cap:
+        assert steps[1] <= steps[0] / 2 and len(engine.shared_pool) > 0
+    else:
+        assert steps[1] == steps[0] and engine.shared_pool is None

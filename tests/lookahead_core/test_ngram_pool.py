@@ -49,3 +49,21 @@ def test_invalid_sizes():
         NGramPool(n=1, cap=2)
     with pytest.raises(ValueError):
         NGramPool(n=2, cap=-1)
+
+
+def test_max_keys_evicts_the_key_added_longest_ago():
+    pool = NGramPool(n=2, cap=2, max_keys=2)
+    pool.add(1, (5,))
+    pool.add(2, (6,))
+    pool.add(1, (7,))  # an existing key: nothing evicted
+    pool.add(3, (8,))  # a third key: key 1, the first added, goes
+    assert pool.lookup(1) == [] and pool.lookup(2) == [(6,)] and pool.lookup(3) == [(8,)]
+    with pytest.raises(ValueError):
+        NGramPool(n=2, cap=2, max_keys=0)
+
+
+def test_clear_empties_the_pool():
+    pool = NGramPool(n=3, cap=4)
+    pool.add_sequence([1, 2, 3, 4])
+    pool.clear()
+    assert len(pool) == 0 and pool.lookup(1) == []

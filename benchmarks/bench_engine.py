@@ -28,6 +28,8 @@ from lookahead_core.loading import load_model  # noqa: E402
 
 
 def run_engine(engine: Engine, prompts, concurrency: int, requests: int, max_new: int, params) -> dict:
+    if engine.shared_pool is not None:  # every run starts cold: no run decodes text an earlier one saw
+        engine.shared_pool.clear()
     pending = deque(range(requests))
     added, latencies, tokens, inflight = {}, [], 0, 0
     t0 = time.perf_counter()

@@ -22,7 +22,7 @@ class EngineConfig(BaseModel):
     shared_pool_cap: int = Field(
         8, ge=0, description="continuations per token in the replica's shared n-gram pool of finished requests' text; 0 turns it off"
     )
-    shared_pool_keys: int = Field(65536, ge=1, description="first tokens kept per n-gram size in the shared pool")
+    shared_pool_keys: int = Field(16384, ge=1, description="first tokens kept per n-gram size in the shared pool")
 
     @property
     def max_step_tokens(self) -> int:

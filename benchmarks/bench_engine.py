@@ -94,8 +94,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     model, tokenizer = load_model(args.model)
     vocab = model.config.get_text_config().vocab_size
-    prompts = load_prompts(args.prompts or None, tokenizer, 64, vocab, args.prompt_len, seed=0)
     levels = [int(c) for c in args.concurrency.split(",")]
+    most = max(max(args.min_requests, args.requests_per_level * c) for c in levels)
+    prompts = load_prompts(args.prompts or None, tokenizer, most, vocab, args.prompt_len, seed=0)
+    if len(prompts) < most:  # a repeated prompt would find its own earlier output in the shared pool
+        sys.exit(f"{args.prompts} holds {len(prompts)} prompts; the largest level needs {most} distinct ones")
     lookahead = [LookaheadParams(*(int(x) for x in item.split(","))) for item in args.configs.split(";") if item.strip()]
     runner = ModelRunner(model)
     engine = Engine(runner, EngineConfig(max_batch=max(levels), max_new_tokens=args.max_new_tokens, prefill_chunk=256))
@@ -105,11 +108,11 @@ def main(argv: list[str] | None = None) -> dict:
     plans = [("hf-generate (padded batch)", None, "hf"), ("engine plain", None, "engine")]
     plans += [(f"engine la({p.n},{p.w},{p.g})", p, "engine") for p in lookahead]
     plans += [("single generate plain", None, "single")] + [(f"single generate la({p.n},{p.w},{p.g})", p, "single") for p in lookahead]
-    run_engine(engine, prompts, 2, 2, 8, lookahead[0] if lookahead else None)  # warm-up
+    run_engine(engine, prompts, 2, 2, min(8, args.max_new_tokens), lookahead[0] if lookahead else None)  # warm-up
     total = sum(len(levels) if kind != "single" else 1 for _, _, kind in plans)
     done, t_start = 0, time.perf_counter()
     for c in levels:
-        requests = max(args.min_requests, args.requests_per_level * c)
+        requests = max(args.min_requests, args.requests_per_level * c)  # <= most: no prompt repeats
         for name, params, kind in plans:
             if kind == "single" and c != 1:
                 continue

@@ -52,6 +52,9 @@ class LookaheadModel:
         self.engine = Engine(ModelRunner(model), self.args.engine)
         router_cfg = self.args.router.model_copy(update={"max_batch": self.args.engine.max_batch})
         self.auto = AutoLookahead(Router(router_cfg, base_dir=PROJECT_ROOT))
+        profile = self.auto.router.profile
+        if profile is not None and (mismatch := profile.pool_mismatch(self.args.engine.shared_pool_cap)):
+            log.warning(mismatch)
         self.async_engine = AsyncEngine(self.engine, before_step=self.auto.before_step)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         self.eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))

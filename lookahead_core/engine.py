@@ -247,7 +247,8 @@ class Engine:
             if running[b].finished:
                 self._seqs.pop(running[b].seq_id, None)
                 if self.shared_pool is not None:
-                    self.shared_pool.add_text(running[b].tokens)
+                    # Only the tail: adding runs inside the step, so a long prompt must not stall it.
+                    self.shared_pool.add_text(running[b].tokens[-self.config.shared_pool_text :])
                 last = len(running) - 1
                 if b != last:
                     cache.move_slot(last, b)

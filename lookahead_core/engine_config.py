@@ -23,6 +23,9 @@ class EngineConfig(BaseModel):
         8, ge=0, description="continuations per token in the replica's shared n-gram pool of finished requests' text; 0 turns it off"
     )
     shared_pool_keys: int = Field(16384, ge=1, description="first tokens kept per n-gram size in the shared pool")
+    shared_pool_text: int = Field(
+        512, ge=2, description="tokens at the end of a finished request (prompt tail and output) added to the shared pool"
+    )
 
     @property
     def max_step_tokens(self) -> int:

@@ -95,6 +95,17 @@ class StepCostProfile(BaseModel):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(yaml.safe_dump(self.model_dump(), sort_keys=False))
 
+    def pool_mismatch(self, engine_shared_pool_cap: int) -> str | None:
+        """A warning if the engine runs with(out) the shared pool this profile's compression was
+        measured without (with): the router would then misjudge what lookahead gains."""
+        if (self.shared_pool_cap > 0) == (engine_shared_pool_cap > 0):
+            return None
+        return (
+            f"profile of {self.model} measured compression with shared_pool_cap={self.shared_pool_cap}, but the engine "
+            f"runs with shared_pool_cap={engine_shared_pool_cap}; re-run python -m lookahead_core.profile "
+            f"--shared-pool-cap {engine_shared_pool_cap}"
+        )
+
     def step_ms(self, batch: int, tokens: float) -> float:
         """Bilinear interpolation in (batch, tokens) over the monotone grid, linear extrapolation
         beyond it."""

@@ -59,7 +59,7 @@ class Sequence:
         self._candidates: list[tuple[int, ...]] = []
         # Which candidates a sampled step verifies steers its random draws, so a seeded request
         # keeps to its own pool: its output then depends on its seed alone.
-        self.shared = shared if sampling is None or sampling.seed is None else None
+        self.shared = shared if self.sampling is None or self.sampling.seed is None else None
         self.params: LookaheadParams | None = None
         self.layout = layout_for(None)
         self.set_params(params)

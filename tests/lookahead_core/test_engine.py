@@ -193,3 +193,17 @@ def test_shared_pool_speeds_up_a_repeat_and_keeps_it_exact(setup, cap):
         assert steps[1] <= steps[0] / 2 and len(engine.shared_pool) > 0
     else:
         assert steps[1] == steps[0] and engine.shared_pool is None
+
+
+def test_only_the_tail_of_a_finished_request_joins_the_shared_pool(setup):
+    model, cases = setup
+    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_text=6))
+    prompt, ref, _ = cases[0]
+    engine.add_request(0, prompt, max_new_tokens=MAX_NEW, params=LookaheadParams(3, 2, 2), eos_token_id=[])
+    while engine.has_work():
+        engine.step()
+    assert 1 <= len(engine.shared_pool) <= 6 - 3 + 1  # the 4 trigrams of the last 6 tokens at most
+    tail = (prompt + ref)[-6:]
+    cands: list = []
+    engine.shared_pool.fill(3, tail[-3], cands, 4)
+    assert tuple(tail[-2:]) in cands

@@ -57,3 +57,10 @@ def test_compression_is_measured_with_the_shared_pool_a_replica_keeps():
     assert shared[1].compression == shared[2].compression  # cleared between settings
     assert shared[1].compression > alone[1].compression * 1.3
     assert 1 < alone[1].step_tokens <= params[0].max_step_tokens
+
+
+def test_a_profile_warns_when_the_engine_runs_another_shared_pool():
+    p = StepCostProfile(**{**cpu_like_profile().model_dump(), "shared_pool_cap": 8})
+    assert p.pool_mismatch(8) is None and p.pool_mismatch(4) is None
+    assert "--shared-pool-cap 0" in p.pool_mismatch(0)
+    assert cpu_like_profile().pool_mismatch(0) is None and "shared_pool_cap=0" in cpu_like_profile().pool_mismatch(8)

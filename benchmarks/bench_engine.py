@@ -24,7 +24,7 @@ from benchmarks.bench_decode import load_prompts  # noqa: E402
 from lookahead_core import LookaheadParams, ModelRunner, generate  # noqa: E402
 from lookahead_core.engine import Engine  # noqa: E402
 from lookahead_core.engine_config import EngineConfig  # noqa: E402
-from lookahead_core.loading import load_model  # noqa: E402
+from lookahead_core.loading import DEFAULT_MODEL, load_model  # noqa: E402
 
 
 def run_engine(engine: Engine, prompts, concurrency: int, requests: int, max_new: int, params) -> dict:
@@ -78,7 +78,9 @@ def run_single(runner, prompts, requests: int, max_new: int, params) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="models/tiny-pycoder")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--chat", action="store_true", help="send each prompt as a user turn through the chat template")
     ap.add_argument("--prompts", default="benchmarks/prompts/code.jsonl")
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
     ap.add_argument("--requests-per-level", type=int, default=2, help="requests = this x concurrency (at least --min-requests)")
@@ -92,14 +94,14 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
     vocab = model.config.get_text_config().vocab_size
     levels = [int(c) for c in args.concurrency.split(",")]
     most = max(max(args.min_requests, args.requests_per_level * c) for c in levels)
-    prompts = load_prompts(args.prompts or None, tokenizer, most, vocab, args.prompt_len, seed=0)
+    prompts = load_prompts(args.prompts or None, tokenizer, most, vocab, args.prompt_len, args.chat)
     if len(prompts) < most:  # a repeated prompt would find its own earlier output in the shared pool
         sys.exit(f"{args.prompts} holds {len(prompts)} prompts; the largest level needs {most} distinct ones")
-    lookahead = [LookaheadParams(*(int(x) for x in item.split(","))) for item in args.configs.split(";") if item.strip()]
+    lookahead = [LookaheadParams.parse(item) for item in args.configs.split(";") if item.strip()]
     runner = ModelRunner(model)
     engine = Engine(runner, EngineConfig(max_batch=max(levels), max_new_tokens=args.max_new_tokens, prefill_chunk=256))
     pad_id = model.generation_config.pad_token_id or 0

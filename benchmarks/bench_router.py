@@ -83,15 +83,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--png", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default=None, help="default: the dtype the profile was measured in")
     args = ap.parse_args(argv)
 
     profile = StepCostProfile.load(args.profile)
-    model, tok = load_model(args.model)
+    model, tok = load_model(args.model, dtype=args.dtype or profile.dtype)
     engine = Engine(ModelRunner(model), EngineConfig(max_batch=args.max_batch, max_new_tokens=args.max_new_tokens, prefill_chunk=256))
     capacity = args.max_batch / (profile.step_ms(args.max_batch, 1) / 1000 * args.max_new_tokens)
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [round(capacity * f, 2) for f in (0.025, 0.1, 0.5, 1.5)]
     per_level = [max(args.requests, math.ceil(rate * args.min_arrival_s)) for rate in rates]
-    prompts = load_prompts(args.prompts or None, tok, max(per_level), model.config.vocab_size, 64, seed=0)
+    prompts = load_prompts(args.prompts or None, tok, max(per_level), model.config.vocab_size, 64)
     if len(prompts) < max(per_level):
         sys.exit(f"{args.prompts} holds {len(prompts)} prompts; the levels need {max(per_level)} distinct ones "
                  "(fewer --requests, a shorter --min-arrival-s, or --prompts '' for random ones)")

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+import jinja2
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from lookahead_core.engine_config import EngineConfig
+from lookahead_core.loading import DEFAULT_MODEL
 from lookahead_core.router import RouterConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -26,16 +29,48 @@ def resolve_path(path: str) -> str:
 
 class ModelArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    path: str = Field("models/tiny-pycoder", description="local save_pretrained folder or hub id")
-    name: str | None = Field(None, description="id shown by /v1/models; default: the folder name")
-    dtype: str = "float32"
+    path: str = Field(DEFAULT_MODEL, description="save_pretrained folder, hub id, GGUF file, or package:PKG/FILE")
+    gguf_file: str | None = Field(None, description="GGUF file inside the folder `path`")
+    name: str | None = Field(None, description="id shown by /v1/models; default: the folder or file name")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: bfloat16 where the device computes it natively, else float32 (bit-exact greedy)"
+    )
     device: str = "cpu"
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
+    cache_dir: str = Field(".cache/models", description="where GGUF models are cached, dequantized (relative: to the project)")
+    chat_template: str | None = Field(
+        None, description="Jinja chat template, or a path to a .jinja/.j2 file; default: the tokenizer's own"
+    )
 
     @property
     def served_name(self) -> str:
-        return self.name or Path(self.path).name
+        if self.name:
+            return self.name
+        base = Path(self.gguf_file or self.path.split(":", 1)[-1]).name
+        return base.removesuffix(".gguf")
+
+    def resolved_cache_dir(self) -> str:
+        p = Path(self.cache_dir).expanduser()
+        return str(p if p.is_absolute() else PROJECT_ROOT / p)
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, value: str | None) -> str | None:
+        """A .jinja/.j2 path is read here, where the config is built, so replicas get the text; a
+        template that does not compile is a config error, not a 400 on every chat request."""
+        if value is None:
+            return None
+        if value.endswith((".jinja", ".j2")):
+            path = Path(resolve_path(value))
+            if not path.is_file():
+                raise ValueError(f"chat_template file {value!r} not found")
+            value = path.read_text()
+        try:
+            jinja2.Environment().parse(value)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ValueError(f"chat_template does not compile: {exc}") from None
+        return value
 
 
 class RequestLimits(BaseModel):
@@ -84,3 +119,8 @@ class AppArgs(BaseModel):
     auth: AuthArgs = AuthArgs()
     num_gpus: float = Field(0, ge=0, description="GPUs per model replica")
     num_cpus: float = Field(1, ge=0, description="CPUs per model replica")
+    torch_threads: int | None = Field(None, ge=1, description="torch threads per replica; default: num_cpus (at least 1)")
+
+    @property
+    def threads(self) -> int:
+        return self.torch_threads or max(1, int(self.num_cpus))

@@ -90,7 +90,8 @@ def _replay(messages: list[dict], receive):
 
 
 async def _reply(send, status: int, message: str, extra_headers: list[tuple[bytes, bytes]] = ()) -> None:
-    body = json.dumps({"error": {"status": status, "message": message}}).encode()
+    kind = "authentication_error" if status == 401 else "invalid_request_error"
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra_headers]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

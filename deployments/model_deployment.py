@@ -7,6 +7,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+import torch
+from jinja2 import TemplateError
 from ray import serve
 from ray.serve import metrics
 
@@ -43,9 +45,14 @@ class LookaheadModel:
     def __init__(self, args: dict) -> None:
         self.started = time.time()
         self.args = AppArgs.model_validate(args)
+        torch.set_num_threads(self.args.threads)
         m = self.args.model
-        model, tokenizer = load_model(resolve_path(m.path), dtype=m.dtype, device=m.device,
-                                      attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code)
+        model, tokenizer = load_model(resolve_path(m.path), gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
+                                      attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
+                                      cache_dir=m.resolved_cache_dir(), chat_template=m.chat_template)
+        self.dtype = str(model.dtype).removeprefix("torch.")
+        log.warning("serving %s: dtype %s (asked: %s), device %s, %d torch threads", m.served_name, self.dtype,
+                    m.dtype, m.device, torch.get_num_threads())
         if tokenizer is None:
             raise ValueError(f"model {m.path!r} has no tokenizer")
         self.tokenizer = tokenizer
@@ -86,6 +93,9 @@ class LookaheadModel:
         engine = self.engine
         return {
             "model": self.args.model.served_name,
+            "dtype": self.dtype,
+            "device": self.args.model.device,
+            "torch_threads": torch.get_num_threads(),
             "running": running,
             "waiting": waiting,
             "replica": {"pid": os.getpid(), "started_at": round(self.started, 3), "rss_mb": _rss_mb(),
@@ -107,6 +117,15 @@ class LookaheadModel:
                                f"{limits.max_stop_chars} characters")
         if request.get("input_ids") is not None:
             ids = [int(t) for t in request["input_ids"]]
+        elif request.get("messages") is not None:
+            if not self.tokenizer.chat_template:
+                return _error(400, f"model {self.args.model.served_name!r} has no chat template: send `prompt` "
+                                   "instead, or set model.chat_template in the server config")
+            try:
+                ids = self.tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True,
+                                                         tokenize=True, return_dict=False)
+            except TemplateError as exc:  # templates raise on conversations they refuse
+                return _error(400, f"the model's chat template refused these messages: {exc}")
         else:
             ids = self.tokenizer(request["prompt"])["input_ids"]
             if not ids:
@@ -138,8 +157,9 @@ class LookaheadModel:
             yield _error(400, str(exc))
             return
         timeout_s = self._timeout(request)
+        eos = [] if request.get("ignore_eos") else self.eos  # ignore_eos: decode on to max_new_tokens
         stream = self.async_engine.generate(prompt_ids, max_new_tokens=request["max_new_tokens"], params=params,
-                                            eos_token_id=self.eos, request_id=seq_id, sampling=sampling, timeout_s=timeout_s)
+                                            eos_token_id=eos, request_id=seq_id, sampling=sampling, timeout_s=timeout_s)
         text = TextStream(self.tokenizer, request.get("stop") or [])
         tokens: list[int] = []
         steps, ttft, finish = 0, None, "length"

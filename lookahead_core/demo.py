@@ -18,14 +18,14 @@ from .params import LookaheadParams
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lookahead_core.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="local model folder (save_pretrained layout)")
+    ap.add_argument("--model", required=True, help="save_pretrained folder, GGUF file or package:PKG/FILE")
     ap.add_argument("--prompt", required=True)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--w", type=int, default=3)
     ap.add_argument("--g", type=int, default=3)
     ap.add_argument("--no-prompt-pool", action="store_true", help="do not seed the n-gram pool from the prompt")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
     try:

@@ -21,11 +21,11 @@ class LookaheadParams:
     pool_from_prompt: also harvest n-grams from the prompt and the accepted output.
     """
 
-    # Defaults chosen on the 2-core CPU with the embedded model (docs/BENCHMARKS.md); wider
-    # windows pay off where extra tokens per step are nearly free (GPUs).
-    n: int = 4
-    w: int = 3
-    g: int = 3
+    # Defaults: the best setting on chat text with the default model in bf16 on the 2-core CPU
+    # (docs/BENCHMARKS.md); wider windows pay off where extra tokens per step are nearly free (GPUs).
+    n: int = 3
+    w: int = 2
+    g: int = 2
     pool_from_prompt: bool = True
 
     def __post_init__(self) -> None:
@@ -34,6 +34,16 @@ class LookaheadParams:
         _check_int("g", self.g, 0)
         if not isinstance(self.pool_from_prompt, bool):
             raise ValueError(f"lookahead pool_from_prompt must be a bool, got {self.pool_from_prompt!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> LookaheadParams:
+        """ "4,3,3" -> LookaheadParams(4, 3, 3), with a clear message for anything else."""
+        parts = text.strip().strip("()").split(",")
+        try:
+            n, w, g = (int(x) for x in parts)
+        except ValueError:
+            raise ValueError(f"lookahead setting must be three integers N,W,G, got {text!r}") from None
+        return cls(n, w, g)
 
     @property
     def window_tokens(self) -> int:

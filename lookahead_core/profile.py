@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import platform
 import statistics
 import sys
@@ -205,12 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     from .engine import Engine
     from .loading import load_model
     from .model_runner import ModelRunner
+    from .prompt_sets import read_prompt_set
 
     ap = argparse.ArgumentParser(prog="python -m lookahead_core.profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--prompts", default="benchmarks/prompts/code.jsonl")
-    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--chat", action="store_true", help="send each prompt as a user turn through the chat template")
+    ap.add_argument("--num-prompts", type=int, default=32, help="evenly spaced over the file")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--batch-sizes", default="1,2,4,8,16,32")
     ap.add_argument("--tokens", default="1,4,8,16,32,64")
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=25)
     ap.add_argument("--shared-pool-cap", type=int, default=EngineConfig.model_fields["shared_pool_cap"].default,
                     help="the engine's shared_pool_cap the compression is measured with (0: no shared pool)")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
 
@@ -226,11 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     runner = ModelRunner(model)
     batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
     tokens = [int(x) for x in args.tokens.split(",")]
-    candidates = [LookaheadParams(*(int(v) for v in s.split(","))) for s in args.settings.split(";") if s.strip()]
-    prompts = []
-    for line in Path(args.prompts).read_text().splitlines()[: args.num_prompts]:
-        row = json.loads(line)
-        prompts.append(row["input_ids"] if "input_ids" in row else tokenizer(row["prompt"])["input_ids"])
+    candidates = [LookaheadParams.parse(s) for s in args.settings.split(";") if s.strip()]
+    prompts = read_prompt_set(args.prompts, tokenizer, args.num_prompts, args.chat)
     widest = max(tokens)
     engine = Engine(runner, EngineConfig(max_batch=max(batch_sizes), max_n=8, max_w=max(16, widest), max_g=16,
                                          max_new_tokens=args.max_new_tokens, shared_pool_cap=args.shared_pool_cap))
@@ -248,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = measure_settings(runner, prompts, candidates, args.max_new_tokens, progress, engine.shared_pool)
     print(file=sys.stderr)
     profile = StepCostProfile(
-        model=args.model, device=args.device, dtype=args.dtype,
+        model=args.model, device=args.device, dtype=str(model.dtype).removeprefix("torch."),
         machine=f"{platform.machine()} {platform.processor() or ''} torch {torch.__version__} threads={torch.get_num_threads()}".strip(),
         batch_sizes=batch_sizes, tokens=tokens, latency_ms=lat, settings=settings, shared_pool_cap=args.shared_pool_cap,
     )

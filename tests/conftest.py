@@ -12,6 +12,13 @@ from transformers import PreTrainedTokenizerFast
 from lookahead_core.tiny_models import build_random_model
 
 
+# A small chat template for the tiny model (whose tokenizer has none): the server config sets it.
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,7 +61,7 @@ def server(tiny_model_dir):
             if attempt == 4:
                 raise
     args = {
-        "model": {"path": str(tiny_model_dir), "name": "tiny"},
+        "model": {"path": str(tiny_model_dir), "name": "tiny", "dtype": "float32", "chat_template": TINY_CHAT_TEMPLATE},
         "engine": {"max_batch": 4, "max_seq_len": 256, "max_new_tokens": 64, "prefill_chunk": 32},
         "router": {"policy": "fixed", "fixed": {"n": 3, "w": 3, "g": 3}},
         "num_cpus": 0,

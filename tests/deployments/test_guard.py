@@ -59,7 +59,9 @@ def test_no_keys_means_no_auth():
 def test_missing_or_wrong_key_is_401(headers, message):
     status, hdrs, body = call(GuardConfig(api_keys=(KEY,)), headers=headers)
     assert status == 401 and hdrs[b"www-authenticate"] == b"Bearer"
-    assert message in json.loads(body)["error"]["message"]
+    error = json.loads(body)["error"]
+    assert message in error["message"] and error["type"] == "authentication_error"
+    assert set(error) == {"message", "type", "param", "code"}  # OpenAI's envelope
 
 
 def test_right_key_and_open_paths_pass():

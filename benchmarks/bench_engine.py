@@ -1,6 +1,6 @@
 """Engine throughput and latency against concurrency, all in one run.
 
-    python benchmarks/bench_engine.py --model models/tiny-pycoder --prompts benchmarks/prompts/code.jsonl
+    python -m benchmarks.bench_engine --model models/tiny-pycoder --prompts benchmarks/prompts/code.jsonl
 
 Closed loop: `c` requests in flight, a new one as soon as one finishes. Rows: the engine with
 plain batched decoding and with fixed (N, W, G); HF `generate` on left-padded batches of `c`
@@ -19,12 +19,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_decode import load_prompts  # noqa: E402
-from lookahead_core import LookaheadParams, ModelRunner, generate  # noqa: E402
-from lookahead_core.engine import Engine  # noqa: E402
-from lookahead_core.engine_config import EngineConfig  # noqa: E402
-from lookahead_core.loading import DEFAULT_MODEL, load_model  # noqa: E402
+from benchmarks.bench_decode import load_prompts
+from lookahead_core import LookaheadParams, ModelRunner, generate
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.engine.engine import Engine
+from lookahead_core.models.loading import DEFAULT_MODEL, load_model
 
 
 def run_engine(engine: Engine, prompts, concurrency: int, requests: int, max_new: int, params) -> dict:

@@ -1,6 +1,6 @@
 """Real open-loop benchmark of the router policies against the engine, all in one run.
 
-    python benchmarks/bench_router.py --model models/tiny-pycoder --profile configs/profiles/tiny-pycoder-cpu.yaml \\
+    python -m benchmarks.bench_router --model models/tiny-pycoder --profile configs/profiles/tiny-pycoder-cpu.yaml \\
         --png docs/img/router_open_loop.png --json results/bench_router.json
 
 Poisson arrivals (the same seeded schedule for every policy) at rates from near-idle to overload.
@@ -23,16 +23,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_decode import load_prompts  # noqa: E402
-from benchmarks.router_common import plot, policies, summarize  # noqa: E402
-from lookahead_core.auto_lookahead import AutoLookahead  # noqa: E402
-from lookahead_core.engine import Engine  # noqa: E402
-from lookahead_core.engine_config import EngineConfig  # noqa: E402
-from lookahead_core.loading import load_model  # noqa: E402
-from lookahead_core.model_runner import ModelRunner  # noqa: E402
-from lookahead_core.profile import StepCostProfile  # noqa: E402
-from lookahead_core.router import Router  # noqa: E402
+from benchmarks.bench_decode import load_prompts
+from benchmarks.router_common import plot, policies, summarize
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.model_runner import ModelRunner
+from lookahead_core.models.loading import load_model
+from lookahead_core.policy.auto import AutoLookahead
+from lookahead_core.policy.controller import LookaheadPolicy
+from lookahead_core.policy.cost_profile import StepCostProfile
 
 
 def open_loop(engine: Engine, auto: AutoLookahead, prompts, arrivals: list[float], max_new: int) -> tuple:
@@ -102,7 +101,7 @@ def main(argv=None) -> dict:
     results: dict[str, dict[float, dict]] = {}
     total, count, start = len(configs) * len(rates) * args.rounds, 0, time.perf_counter()
     for cfg in configs.values():  # first use of each step shape pays one-time costs; not in the figures
-        open_loop(engine, AutoLookahead(Router(cfg, profile=profile)), prompts, [0.0, 0.0], min(8, args.max_new_tokens))
+        open_loop(engine, AutoLookahead(LookaheadPolicy(cfg, profile=profile)), prompts, [0.0, 0.0], min(8, args.max_new_tokens))
     for rate, n_requests in zip(rates, per_level):
         rng = random.Random(args.seed)
         arrivals, t = [], 0.0
@@ -112,7 +111,7 @@ def main(argv=None) -> dict:
         runs: dict[str, list] = {name: [] for name in configs}
         for rnd in range(args.rounds):
             for name in list(configs)[:: 1 if rnd % 2 == 0 else -1]:
-                auto = AutoLookahead(Router(configs[name], profile=profile))
+                auto = AutoLookahead(LookaheadPolicy(configs[name], profile=profile))
                 runs[name].append((open_loop(engine, auto, prompts, arrivals, args.max_new_tokens), auto.choices))
                 count += 1
                 el = time.perf_counter() - start

@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import statistics
 
-from lookahead_core.profile import StepCostProfile
-from lookahead_core.router import RouterConfig
+from lookahead_core.policy.controller import PolicyConfig
+from lookahead_core.policy.cost_profile import StepCostProfile
 
 
-def policies(profile_path: str, profile: StepCostProfile, max_batch: int, fixed: list[str], tpot_ms: float | None) -> dict[str, RouterConfig]:
+def policies(profile_path: str, profile: StepCostProfile, max_batch: int, fixed: list[str], tpot_ms: float | None) -> dict[str, PolicyConfig]:
     slo = {"tpot_ms": tpot_ms} if tpot_ms else {}
-    out = {"plain": RouterConfig(policy="plain", max_batch=max_batch)}
+    out = {"plain": PolicyConfig(policy="plain", max_batch=max_batch)}
     for spec in fixed:
         n, w, g = (int(x) for x in spec.split(","))
-        out[f"fixed({n},{w},{g})"] = RouterConfig(policy="fixed", fixed={"n": n, "w": w, "g": g}, max_batch=max_batch)
-    out["goodput"] = RouterConfig(policy="goodput", profile=profile_path, max_batch=max_batch, slo=slo)
+        out[f"fixed({n},{w},{g})"] = PolicyConfig(policy="fixed", fixed={"n": n, "w": w, "g": g}, max_batch=max_batch)
+    out["goodput"] = PolicyConfig(policy="goodput", profile=profile_path, max_batch=max_batch, slo=slo)
     return out
 
 

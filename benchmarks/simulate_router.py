@@ -1,6 +1,6 @@
 """Discrete-event simulation of the router policies on a measured step-cost profile.
 
-    python benchmarks/simulate_router.py --profile configs/profiles/tiny-pycoder-cpu.yaml --png docs/img/router_sim.png
+    python -m benchmarks.simulate_router --profile configs/profiles/tiny-pycoder-cpu.yaml --png docs/img/router_sim.png
 
 Poisson arrivals at several rates; one engine with `--max-batch` slots; each step costs the
 profile's latency for (running batch, padded row width of the chosen setting) plus, when a request
@@ -11,16 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.router_common import plot, policies, summarize  # noqa: E402
-from lookahead_core.profile import StepCostProfile  # noqa: E402
-from lookahead_core.router import Router  # noqa: E402
+from benchmarks.router_common import plot, policies, summarize
+from lookahead_core.policy.controller import LookaheadPolicy
+from lookahead_core.policy.cost_profile import StepCostProfile
 
 
-def simulate(router: Router, profile: StepCostProfile, rate: float, requests: int, out_tokens: int, prompt_tokens: int, max_batch: int, seed: int) -> dict:
+def simulate(router: LookaheadPolicy, profile: StepCostProfile, rate: float, requests: int, out_tokens: int, prompt_tokens: int, max_batch: int, seed: int) -> dict:
     rng = random.Random(seed)
     arrivals, t = [], 0.0
     for _ in range(requests):
@@ -83,7 +81,7 @@ def main(argv=None) -> dict:
     results: dict[str, dict[float, dict]] = {}
     for name, cfg in policies(args.profile, profile, args.max_batch, fixed, args.slo_tpot_ms).items():
         for rate in rates:
-            router = Router(cfg, profile=profile)
+            router = LookaheadPolicy(cfg, profile=profile)
             lat, ttft, tpot, tokens, makespan = simulate(router, profile, rate, args.requests, args.out_tokens, args.prompt_tokens, args.max_batch, args.seed)
             results.setdefault(name, {})[rate] = summarize(lat, ttft, tpot, tokens, makespan, args.slo_e2e_ms, args.slo_tpot_ms, [args.out_tokens] * len(lat))
     print(f"profile={args.profile} max_batch={args.max_batch} out_tokens={args.out_tokens} plain capacity ~{plain_capacity:.2f} req/s")

@@ -8,7 +8,7 @@ from ray.serve import Application
 
 from .config import AppArgs
 from .ingress import LookaheadAPI
-from .model_deployment import LookaheadModel
+from .replica import LookaheadModel
 
 
 def check_gpus(num_gpus: float) -> None:

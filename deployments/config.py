@@ -8,9 +8,9 @@ from typing import Literal
 import jinja2
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from lookahead_core.engine_config import EngineConfig
-from lookahead_core.loading import DEFAULT_MODEL
-from lookahead_core.router import RouterConfig
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.models.loading import DEFAULT_MODEL
+from lookahead_core.policy.controller import PolicyConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,7 +114,7 @@ class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: ModelArgs = ModelArgs()
     engine: EngineConfig = EngineConfig()
-    router: RouterConfig = RouterConfig(policy="goodput", profile="configs/profiles/tiny-pycoder-cpu.yaml")
+    router: PolicyConfig = PolicyConfig(policy="goodput", profile="configs/profiles/smollm2-135m-cpu-bf16.yaml")
     limits: RequestLimits = RequestLimits()
     auth: AuthArgs = AuthArgs()
     num_gpus: float = Field(0, ge=0, description="GPUs per model replica")

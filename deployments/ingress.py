@@ -1,11 +1,12 @@
 """HTTP ingress: /generate, /health, /v1/models, /v1/completions, /v1/chat/completions.
 
-Every error, on every route, is OpenAI's envelope: {"error": {"message", "type", "param", "code"}}.
+Routes only: bodies are validated into one ServeRequest (protocol.py), sent to a replica, and its
+Delta / Completion / RequestError items shaped into responses. Every error, on every route, is
+OpenAI's envelope: {"error": {"message", "type", "param", "code"}}.
 """
 
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -17,37 +18,46 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
 
+from lookahead_core.serving import Completion, Delta, RequestError, ServeRequest
+
 from .guard import GuardConfig, RequestGuard
-from .schemas import ChatRequest, CompletionRequest, GenerateRequest, stop_list
+from .protocol import (
+    OPENAI_FINISH,
+    ChatRequest,
+    CompletionRequest,
+    GenerateRequest,
+    error_body,
+    generate_body,
+    openai_body,
+    openai_chunk,
+    openai_usage_chunk,
+)
 
 app = FastAPI(title="lookahead-serve", description="Exact Lookahead Decoding on Ray Serve")
 app.add_middleware(RequestGuard)
 
-# Errors inside the server are {"status", "message"} plus, optionally, "type", "param" and "code".
-OVERLOADED = {"status": 503, "message": "server overloaded: too many queued requests, retry later",
-              "type": "overloaded_error", "code": "overloaded"}
-REPLICA_LOST = {"status": 503, "message": "the model replica serving this request failed; retry",
-                "type": "server_error", "code": "replica_failed"}
+OVERLOADED = RequestError(503, "server overloaded: too many queued requests, retry later", code="overloaded",
+                          type="overloaded_error")
+REPLICA_LOST = RequestError(503, "the model replica serving this request failed; retry", code="replica_failed",
+                            type="server_error")
+NO_RESULT = RequestError(500, "generation ended without a result")
 
 
-def openai_error(err: dict) -> dict:
-    """OpenAI's error object: 4xx are invalid_request_error, 503 overloaded_error, other 5xx server_error."""
-    status = err["status"]
-    kind = err.get("type") or ("invalid_request_error" if status < 500 else
-                               "overloaded_error" if status == 503 else "server_error")
-    return {"message": err["message"], "type": kind, "param": err.get("param"), "code": err.get("code")}
-
-
-def error_response(err: dict, headers: dict | None = None) -> JSONResponse:
+def error_response(err: RequestError, headers: dict | None = None) -> JSONResponse:
     """The HTTP status is the error's; the body has none. 503s tell the client when to retry."""
-    if err["status"] == 503:
+    if err.status == 503:
         headers = {**(headers or {}), "Retry-After": "1"}
-    return JSONResponse(status_code=err["status"], content={"error": openai_error(err)}, headers=headers)
+    return JSONResponse(status_code=err.status, content={"error": error_body(err)}, headers=headers)
 
 
-def stream_error(err: dict) -> bytes:
+def stream_error(err: RequestError) -> bytes:
     """An error after a streamed 200 has begun: the same envelope, plus the status it would have had."""
-    return _sse({"error": {**openai_error(err), "status": err["status"]}})
+    return _sse({"error": {**error_body(err), "status": err.status}})
+
+
+@app.exception_handler(RequestError)
+async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+    return error_response(exc)
 
 
 @app.exception_handler(RequestValidationError)
@@ -63,96 +73,70 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
             param = ctx.get("param") or next((f for f in fields if not f.isdigit()), None)
             code = ctx.get("code")
     openai_route = getattr(request.scope.get("route"), "path", "").startswith("/v1/")
-    status = 400 if openai_route else 422
-    return error_response({"status": status, "message": "; ".join(problems), "param": param, "code": code})
+    return error_response(RequestError(400 if openai_route else 422, "; ".join(problems), param, code))
 
 
 @app.exception_handler(HTTPException)
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     """Unknown paths (404) and wrong methods (405) get the envelope too."""
-    return error_response({"status": exc.status_code, "message": str(exc.detail)}, exc.headers)  # e.g. 405's Allow
+    return error_response(RequestError(exc.status_code, str(exc.detail)), exc.headers)  # e.g. 405's Allow
 
 
-async def _closing(events: AsyncIterator[bytes], chunks) -> AsyncIterator[bytes]:
-    """Stream `events`; however the response ends (done, client gone), close `chunks` at once,
+async def _closing(events: AsyncIterator[bytes], items) -> AsyncIterator[bytes]:
+    """Stream `events`; however the response ends (done, client gone), close `items` at once,
     which cancels the replica's generator and so frees the engine slot."""
     try:
         async for event in events:
             yield event
     finally:
-        await chunks.aclose()
+        await items.aclose()
 
 
-async def _summary(chunks) -> dict:
-    """Drain a generation to its final summary ({"done": True, ...}) or its first {"error": ...}."""
+async def _completion(items) -> Completion:
+    """Drain a generation to its Completion; raises its RequestError."""
     try:
-        async for item in chunks:
-            if "error" in item or item.get("done"):
+        async for item in items:
+            if isinstance(item, RequestError):
+                raise item
+            if isinstance(item, Completion):
                 return item
     finally:
-        await chunks.aclose()
-    return {"error": {"status": 500, "message": "generation ended without a result"}}
+        await items.aclose()
+    raise NO_RESULT
 
 
 def _sse(obj) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
-# ---- the four OpenAI response shapes ---------------------------------------------------------
-
-def usage(u: dict) -> dict:
-    return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
-            "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
-
-
-def finish_reason(reason: str) -> str:
-    return "length" if reason in ("length", "timeout") else "stop"
-
-
-def completion(head: dict, text: str, finish: str, used: dict) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-    return {**head, "object": "text_completion", "choices": [choice], "usage": usage(used)}
+async def generate_events(items) -> AsyncIterator[bytes]:
+    """/generate's SSE: {"token_ids", "text"} per step, then the completion with "done": true."""
+    async for item in items:
+        if isinstance(item, RequestError):
+            yield stream_error(item)
+            return
+        yield _sse(item.to_dict() if isinstance(item, Delta) else generate_body(item, stream=True))
+    yield b"data: [DONE]\n\n"
 
 
-def chat_completion(head: dict, text: str, finish: str, used: dict) -> dict:
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
-    return {**head, "object": "chat.completion", "choices": [choice], "usage": usage(used)}
-
-
-def completion_chunk(head: dict, text: str, finish: str | None = None) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-    return {**head, "object": "text_completion", "choices": [choice]}
-
-
-def chat_chunk(head: dict, delta: dict, finish: str | None = None) -> dict:
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-    return {**head, "object": "chat.completion.chunk", "choices": [choice]}
-
-
-async def openai_events(chunks, head: dict, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+async def openai_events(items, head: dict, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
     """SSE chunks as OpenAI streams them; with include_usage every chunk has `usage: null` and a
     last chunk with no choices carries the usage."""
-    def event(text: str | None, finish: str | None = None, role: bool = False) -> bytes:
-        if chat:
-            delta = {"role": "assistant"} if role else ({} if text is None else {"content": text})
-            chunk = chat_chunk(head, delta, finish)
-        else:
-            chunk = completion_chunk(head, text or "", finish)
+    def event(chunk: dict) -> bytes:
         return _sse({**chunk, "usage": None} if include_usage else chunk)
 
     if chat:
-        yield event(None, role=True)
-    async for item in chunks:
-        if "error" in item:
-            yield stream_error(item["error"])
+        yield event(openai_chunk(head, chat, role=True))
+    async for item in items:
+        if isinstance(item, RequestError):
+            yield stream_error(item)
             return
-        if item.get("done"):
-            yield event(None, finish_reason(item["finish_reason"]))
+        if isinstance(item, Completion):
+            yield event(openai_chunk(head, chat, finish=OPENAI_FINISH[item.finish_reason]))
             if include_usage:
-                kind = "chat.completion.chunk" if chat else "text_completion"
-                yield _sse({**head, "object": kind, "choices": [], "usage": usage(item["usage"])})
-        elif item["text"]:
-            yield event(item["text"])
+                yield _sse(openai_usage_chunk(head, chat, item.usage))
+        elif item.text:
+            yield event(openai_chunk(head, chat, text=item.text))
     yield b"data: [DONE]\n\n"
 
 
@@ -172,34 +156,33 @@ class LookaheadAPI:
             max_body_bytes=guard.get("max_body_bytes", 1 << 20),
         )
 
-    async def _open(self, body: dict):
-        """Start a generation; returns (chunk iterator, None) or (None, error dict).
-
-        A replica that dies mid-stream ends the iterator with an {"error": ...} item, so no
-        client waits on a request that can no longer finish."""
+    async def _open(self, req: ServeRequest):
+        """Start a generation and return its items (Delta..., Completion); raises the RequestError
+        of a refused request. A replica that dies mid-stream ends the items with a RequestError, so
+        no client waits on a request that can no longer finish."""
         try:
-            gen = self.stream_handle.generate.remote(body)
+            gen = self.stream_handle.generate.remote(req)
             first = await gen.__anext__()
         except BackPressureError:
-            return None, OVERLOADED
+            raise OVERLOADED from None
         except RayError:
-            return None, REPLICA_LOST
-        if "error" in first:
-            return None, first["error"]
+            raise REPLICA_LOST from None
+        if isinstance(first, RequestError):
+            raise first
 
-        async def chunks() -> AsyncIterator[dict]:
+        async def items() -> AsyncIterator[Delta | Completion | RequestError]:
             try:
                 yield first
                 async for item in gen:
                     yield item
             except RayError:
-                yield {"error": REPLICA_LOST}
+                yield REPLICA_LOST
             finally:
                 # Client gone or response abandoned: cancel the replica's generator explicitly
                 # rather than rely on Serve propagating the cancellation (a no-op once finished).
                 gen.cancel()
 
-        return chunks(), None
+        return items()
 
     @app.get("/health")
     async def health(self) -> dict:
@@ -209,9 +192,9 @@ class LookaheadAPI:
     def _model_card(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "lookahead-serve"}
 
-    def _unknown_model(self, model: str) -> dict:
-        return {"status": 404, "param": "model", "code": "model_not_found",
-                "message": f"the model `{model}` does not exist: this server serves `{self.model_name}`"}
+    def _unknown_model(self, model: str) -> RequestError:
+        return RequestError(404, f"the model `{model}` does not exist: this server serves `{self.model_name}`",
+                            param="model", code="model_not_found")
 
     @app.get("/v1/models")
     async def models(self) -> dict:
@@ -219,57 +202,35 @@ class LookaheadAPI:
 
     @app.get("/v1/models/{model_id:path}")
     async def retrieve_model(self, model_id: str):
-        return self._model_card() if model_id == self.model_name else error_response(self._unknown_model(model_id))
+        if model_id != self.model_name:
+            raise self._unknown_model(model_id)
+        return self._model_card()
 
     @app.post("/generate")
     async def generate(self, req: GenerateRequest):
-        body = req.model_dump()
-        chunks, err = await self._open(body)
-        if err:
-            return error_response(err)
+        items = await self._open(req.to_request())
         if req.stream:
-            async def events() -> AsyncIterator[bytes]:
-                async for item in chunks:
-                    if "error" in item:
-                        yield stream_error(item["error"])
-                        return
-                    yield _sse(item)
-                yield b"data: [DONE]\n\n"
-
-            return StreamingResponse(_closing(events(), chunks), media_type="text/event-stream")
-        summary = await _summary(chunks)
-        if "error" in summary:
-            return error_response(summary["error"])
-        summary.pop("done")
-        return summary
+            return StreamingResponse(_closing(generate_events(items), items), media_type="text/event-stream")
+        return generate_body(await _completion(items))
 
     # ---- OpenAI-compatible ------------------------------------------------------------------
 
-    async def _openai(self, prompt: dict, req, chat: bool):
+    async def _openai(self, req: CompletionRequest | ChatRequest, chat: bool):
         if req.model not in (None, self.model_name):
-            return error_response(self._unknown_model(req.model))
-        body = {**prompt, "max_new_tokens": req.token_limit, "stop": stop_list(req.stop), **req.sampling(),
-                "timeout_s": req.timeout_s, "ignore_eos": req.ignore_eos,
-                "lookahead": req.lookahead if isinstance(req.lookahead, str) else req.lookahead.model_dump()}
-        chunks, err = await self._open(body)
-        if err:
-            return error_response(err)
-        head = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], "created": int(time.time()),
+            raise self._unknown_model(req.model)
+        request = req.to_request()
+        items = await self._open(request)
+        head = {"id": ("chatcmpl-" if chat else "cmpl-") + request.request_id[:24], "created": int(time.time()),
                 "model": self.model_name}
         if req.stream:
-            events = openai_events(chunks, head, chat, req.include_usage)
-            return StreamingResponse(_closing(events, chunks), media_type="text/event-stream")
-        item = await _summary(chunks)
-        if "error" in item:
-            return error_response(item["error"])
-        shape = chat_completion if chat else completion
-        return {**shape(head, item["text"], finish_reason(item["finish_reason"]), item["usage"]),
-                "lookahead": item["lookahead"]}
+            events = openai_events(items, head, chat, req.include_usage)
+            return StreamingResponse(_closing(events, items), media_type="text/event-stream")
+        return openai_body(head, await _completion(items), chat)
 
     @app.post("/v1/completions")
     async def completions(self, req: CompletionRequest):
-        return await self._openai({"prompt": req.text}, req, chat=False)
+        return await self._openai(req, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(self, req: ChatRequest):
-        return await self._openai({"messages": [m.model_dump() for m in req.messages]}, req, chat=True)
+        return await self._openai(req, chat=True)

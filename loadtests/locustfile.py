@@ -11,14 +11,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
 from locust import HttpUser, constant, events, task
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from loadtests.slo import ENTRIES, PERCENTILES, SloConfig, table, verdict  # noqa: E402
+from loadtests.slo import ENTRIES, PERCENTILES, SloConfig, table, verdict
 
 if os.environ.get("LOOKAHEAD_SHAPE"):
     from loadtests.shapes import SHAPES

@@ -1,31 +1,23 @@
 """Exact Lookahead Decoding over Hugging Face causal LMs."""
-from .decoder import SequenceDecoder
-from .generation import GenerationResult, GenerationStats, generate, stream
-from .kv_cache import SlotKVCache
-from .layout import StepLayout
-from .model_runner import ModelRunner
-from .ngram_pool import NGramPool
-from .params import LookaheadParams
-from .sampling import SamplingParams
-from .shared_pool import SharedNGramPool
-from .stopping import StopCondition
-from .verify import verify_greedy
-from .window import LookaheadWindow
+from lookahead_core.engine.async_engine import AsyncEngine
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.engine.engine import Engine, EngineOverloaded, StepOutput
+from lookahead_core.engine.generation import GenerationResult, GenerationStats, generate, stream
+from lookahead_core.engine.model_runner import ModelRunner
+from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.lookahead.sampling import SamplingParams
 
 __all__ = [
+    "AsyncEngine",
+    "Engine",
+    "EngineConfig",
+    "EngineOverloaded",
     "GenerationResult",
     "GenerationStats",
     "LookaheadParams",
-    "LookaheadWindow",
     "ModelRunner",
     "SamplingParams",
-    "NGramPool",
-    "SequenceDecoder",
-    "SharedNGramPool",
-    "SlotKVCache",
-    "StepLayout",
-    "StopCondition",
+    "StepOutput",
     "generate",
     "stream",
-    "verify_greedy",
 ]

@@ -4,13 +4,12 @@ import socket
 import time
 
 import pytest
-import torch
 import requests
+import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from lookahead_core.tiny_models import build_random_model
-
+from lookahead_core.models.random_models import build_random_model
 
 # A small chat template for the tiny model (whose tokenizer has none): the server config sets it.
 TINY_CHAT_TEMPLATE = (

@@ -1,6 +1,6 @@
 """Quality figures of the default model for docs/MODEL.md.
 
-    python tools/eval_default_model.py --model models/tiny-pycoder --json results/model_eval.json
+    python -m tools.eval_default_model --model models/tiny-pycoder --json results/model_eval.json
 
 - load time (from_pretrained of model and tokenizer, offline);
 - held-out perplexity over every held-out file (whole files the training never saw);
@@ -24,10 +24,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import collect  # noqa: E402
-
-from lookahead_core import LookaheadParams, ModelRunner, generate  # noqa: E402
+from lookahead_core import LookaheadParams, ModelRunner, generate
+from tools.corpus import collect
 
 
 def cut_at_function_boundary(completion: str) -> tuple[str, bool]:

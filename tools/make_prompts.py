@@ -1,6 +1,6 @@
 """Build the benchmark prompt sets from material on this machine.
 
-    python tools/make_prompts.py --model models/tiny-pycoder
+    python -m tools.make_prompts --model models/tiny-pycoder
 
 code.jsonl: functions of the model's held-out files, prompt = signature + docstring, reference
 = the body. text.jsonl: the opening of prose paragraphs from README files under /usr/share/doc and
@@ -15,11 +15,9 @@ import hashlib
 import importlib.metadata as md
 import json
 import re
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import collect  # noqa: E402
+from tools.corpus import collect
 
 
 def _h(s: str) -> str:

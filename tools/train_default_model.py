@@ -1,6 +1,6 @@
 """Train the embedded default model: a small Llama on permissively licensed Python source.
 
-    python tools/train_default_model.py --out models/tiny-pycoder        # ~55 min on 2 CPU cores
+    python -m tools.train_default_model --out models/tiny-pycoder        # ~55 min on 2 CPU cores
 
 Stages: collect the corpus (tools/corpus.py), hold out whole files, train a byte-level BPE
 tokenizer, tokenize, train with bf16 autocast, save float32 safetensors + tokenizer + manifests.
@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import collect  # noqa: E402
+from tools.corpus import collect
 
 EOS = "<|endoftext|>"
 

@@ -1,7 +1,6 @@
 """The router simulation on a synthetic CPU-like profile: the policy does what it claims."""
 from benchmarks.simulate_router import main
-
-from tests.lookahead_core.test_router import cpu_like_profile
+from tests.lookahead_core.policy.test_controller import cpu_like_profile
 
 
 def test_goodput_policy_beats_plain_when_idle_and_matches_it_when_busy(tmp_path):

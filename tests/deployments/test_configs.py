@@ -7,7 +7,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from deployments.app import build_app, check_gpus
 from deployments.config import PROJECT_ROOT, AppArgs, ModelArgs
-from lookahead_core.loading import resolve_model_path
+from lookahead_core.models.loading import resolve_model_path
 
 SERVE_CONFIGS = [PROJECT_ROOT / "serve_config.yaml", PROJECT_ROOT / "configs" / "serve_gpu.yaml"]
 

@@ -7,7 +7,7 @@ from ray import serve
 
 from deployments.app import build_app
 from deployments.config import PROJECT_ROOT, AppArgs
-from lookahead_core.loading import load_model
+from lookahead_core.models.loading import load_model
 
 
 def _deploy(args: dict, name: str, prefix: str, url: str) -> str:

@@ -1,0 +1,266 @@
+"""The HTTP protocol: request bodies (anything malformed is a 4xx before it reaches a replica), each
+turned into the one ServeRequest, and the response shapes (native and OpenAI)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.lookahead.sampling import SamplingParams
+from lookahead_core.serving import Completion, Message, RequestError, ServeRequest, Usage
+
+
+def refuse(param: str | None, message: str, code: str | None = None) -> PydanticCustomError:
+    """A validation error naming its field (`param`) where pydantic's loc cannot, and an OpenAI `code`."""
+    return PydanticCustomError("invalid_request", message, {"param": param, "code": code})
+
+
+def parse_lookahead(value):
+    """"auto", "off" or {"n", "w", "g"} (checked by LookaheadParams), with one clear message otherwise."""
+    if isinstance(value, str):
+        if value not in ("auto", "off"):
+            raise ValueError(f"must be \"auto\", \"off\" or {{\"n\": .., \"w\": .., \"g\": ..}}, got {value!r}")
+        return value
+    if isinstance(value, dict):
+        if set(value) != {"n", "w", "g"}:
+            raise ValueError(f"takes exactly the keys n, w, g, got {sorted(value)}")
+        return LookaheadParams(value["n"], value["w"], value["g"])
+    if isinstance(value, LookaheadParams):
+        return value
+    raise ValueError(f"must be \"auto\", \"off\" or an object with n, w, g, got {type(value).__name__}")
+
+
+_NWG = {"type": "object", "additionalProperties": False, "required": ["n", "w", "g"],
+        "properties": {k: {"type": "integer"} for k in "nwg"}}
+Lookahead = Annotated[
+    Literal["auto", "off"] | LookaheadParams, BeforeValidator(parse_lookahead),
+    WithJsonSchema({"anyOf": [{"enum": ["auto", "off"], "type": "string"}, _NWG],
+                    "description": "\"auto\" (the replica's router), \"off\", or a fixed (N, W, G)"}),
+]
+
+
+class _Common(BaseModel):
+    """Fields every route shares. Sampling: temperature 0 or absent is greedy; top_k 0 and top_p 1
+    are off; a seed makes a request reproducible (the bounds are SamplingParams')."""
+
+    lookahead: Lookahead = "auto"
+    timeout_s: float | None = Field(
+        None, gt=0, le=86400, description="end the request after this many seconds (capped by the server's limit)"
+    )
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    _request: ServeRequest | None = PrivateAttr(None)
+
+    @field_validator("temperature", "top_k", "top_p", "seed", check_fields=False)
+    @classmethod
+    def _sampling_field(cls, value, info):
+        if value is not None:
+            SamplingParams(**{info.field_name: value})
+        return value
+
+    def sampling(self) -> SamplingParams | None:
+        params = SamplingParams(self.temperature or 0.0, self.top_k, self.top_p, self.seed)
+        return None if params.greedy else params
+
+    def _serve_request(self) -> ServeRequest:
+        raise NotImplementedError
+
+    @model_validator(mode="after")
+    def _build(self):
+        try:
+            self._request = self._serve_request()
+        except RequestError as err:
+            raise refuse(err.param, err.message, err.code) from None
+        return self
+
+    def to_request(self) -> ServeRequest:
+        """The one request this body asks for, built (and checked) once, when the body was validated."""
+        return self._request
+
+
+class ChatMessage(BaseModel):
+    """One chat turn; `content` is a string or a list of text parts, as the OpenAI API allows."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, value):
+        if not isinstance(value, list):
+            return value
+        texts = []
+        for part in value:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"content part of type {kind!r} is not supported: only {{\"type\": \"text\", \"text\": ...}}")
+            texts.append(part["text"])
+        return "".join(texts)
+
+
+def _messages(messages: list[ChatMessage] | None) -> tuple[Message, ...] | None:
+    return None if messages is None else tuple(Message(m.role, m.content) for m in messages)
+
+
+class GenerateRequest(_Common):
+    model_config = ConfigDict(extra="forbid")
+    temperature: float | None = None
+    prompt: str | None = None
+    input_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = Field(None, description="chat turns, formatted by the model's chat template")
+    max_new_tokens: int = Field(128, ge=1)
+    stop: list[str] = Field(default_factory=list)
+    stream: bool = False
+
+    def _serve_request(self) -> ServeRequest:
+        return ServeRequest(prompt=self.prompt, input_ids=self.input_ids, messages=_messages(self.messages),
+                            max_new_tokens=self.max_new_tokens, stop=tuple(self.stop), lookahead=self.lookahead,
+                            sampling=self.sampling(), timeout_s=self.timeout_s)
+
+
+# OpenAI request fields this server does not implement, each with its one "not used" value
+# besides null, false and empty. Any other value is refused with 400 naming the field: a client
+# must never believe it got tools, logprobs or penalties it did not get. (`user` only identifies the
+# end user: it is a declared field, accepted and ignored. Fields nobody declared are ignored, as in vLLM.)
+UNSUPPORTED: dict[str, object] = {
+    "tools": None, "tool_choice": "none", "functions": None, "function_call": "none",
+    "response_format": {"type": "text"}, "logit_bias": None, "logprobs": None, "top_logprobs": 0,
+    "echo": None, "best_of": 1, "suffix": None, "presence_penalty": 0, "frequency_penalty": 0, "n": 1,
+    "audio": None, "modalities": ["text"], "prediction": None,
+    # vLLM's sampling extensions, which clients written for vLLM send
+    "repetition_penalty": 1.0, "min_p": 0, "min_tokens": 0, "stop_token_ids": None,
+}
+
+
+def _is_off(value, off) -> bool:
+    if value is None or value is False or (isinstance(value, (str, list, dict)) and not value):
+        return True
+    return not isinstance(value, bool) and value == off  # logprobs=0 and True are not "off"
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _OpenAIRequest(_Common):
+    """Fields shared by the OpenAI endpoints (OpenAI's defaults: temperature 1, at most 2). `top_k`,
+    `lookahead`, `timeout_s` and `ignore_eos` (as in vLLM: decode past EOS up to the token limit) are extensions."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(1.0, le=2)
+    ignore_eos: bool = False
+    user: str | None = None  # an end-user identifier: accepted and ignored
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, body):
+        if isinstance(body, dict):
+            for field, off in UNSUPPORTED.items():
+                if not _is_off(body.get(field), off):
+                    also = "" if off is None else f" (other than {json.dumps(off)})"
+                    raise refuse(field, f"`{field}`{also} is not supported by this server", "unsupported_parameter")
+        return body
+
+    @model_validator(mode="after")
+    def _stream_options(self):
+        if self.stream_options is not None and not self.stream:
+            raise refuse("stream_options", "`stream_options` is only allowed when `stream` is true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def _openai_request(self, token_limit: int, **prompt) -> ServeRequest:
+        stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        return ServeRequest(**prompt, max_new_tokens=token_limit, stop=stop, lookahead=self.lookahead,
+                            sampling=self.sampling(), timeout_s=self.timeout_s, ignore_eos=self.ignore_eos)
+
+
+class CompletionRequest(_OpenAIRequest):
+    prompt: str | list[str]
+    max_tokens: int | None = Field(16, ge=1)
+
+    def _serve_request(self) -> ServeRequest:
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise RequestError(400, "batched prompts are not supported: send one prompt per request", "prompt")
+        text = self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+        return self._openai_request(self.max_tokens or 16, prompt=text)  # OpenAI's default, also for null
+
+
+class ChatRequest(_OpenAIRequest):
+    messages: list[ChatMessage]
+    max_tokens: int | None = Field(None, ge=1, description="deprecated by OpenAI: `max_completion_tokens`")
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def _serve_request(self) -> ServeRequest:
+        limit = self.max_completion_tokens or self.max_tokens or 128
+        return self._openai_request(limit, messages=_messages(self.messages))
+
+
+# ---- responses ----------------------------------------------------------------------------------
+
+def generate_body(c: Completion, stream: bool = False) -> dict:
+    """/generate's JSON body; the last SSE event of a stream carries it with "done": true."""
+    return {"done": True, **c.to_dict()} if stream else c.to_dict()
+
+
+def error_body(err: RequestError) -> dict:
+    """OpenAI's error object: 4xx are invalid_request_error, 503 overloaded_error, other 5xx server_error."""
+    kind = err.type or ("invalid_request_error" if err.status < 500 else
+                        "overloaded_error" if err.status == 503 else "server_error")
+    return {"message": err.message, "type": kind, "param": err.param, "code": err.code}
+
+
+# How a finish reason reads in OpenAI's vocabulary (the one place): a timeout is a cut like length.
+OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "abort": "abort"}
+
+
+def usage(u: Usage) -> dict:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
+
+
+def openai_body(head: dict, c: Completion, chat: bool) -> dict:
+    finish = OPENAI_FINISH[c.finish_reason]
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": c.text}, "logprobs": None, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": c.text, "logprobs": None, "finish_reason": finish}
+    kind = "chat.completion" if chat else "text_completion"
+    return {**head, "object": kind, "choices": [choice], "usage": usage(c.usage),
+            "lookahead": asdict(c.lookahead)}
+
+
+def openai_chunk(head: dict, chat: bool, text: str | None = None, finish: str | None = None, role: bool = False) -> dict:
+    """One streamed chunk: a role announcement, a text delta, or the finish (OpenAI's reason given)."""
+    if chat:
+        delta = {"role": "assistant"} if role else ({} if text is None else {"content": text})
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    return {**head, "object": "text_completion", "choices": [choice]}
+
+
+def openai_usage_chunk(head: dict, chat: bool, u: Usage) -> dict:
+    return {**head, "object": "chat.completion.chunk" if chat else "text_completion", "choices": [], "usage": usage(u)}
+

@@ -1,0 +1,234 @@
+"""asyncio front of the engine: a background thread steps it; each request streams its tokens."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from lookahead_core.engine.engine import Engine, StepOutput
+from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.lookahead.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class RequestTimeout(TimeoutError):
+    """A request outlived its `timeout_s`; it has been aborted."""
+
+
+# ---- commands from callers to the engine thread ------------------------------------------------
+
+@dataclass(frozen=True)
+class AddCommand:
+    """Queue a request; `accepted` settles once the engine took it in (or refused it, with the error),
+    then its StepOutputs go to `queue` on the caller's `loop`."""
+
+    seq_id: str | int
+    prompt: list[int]
+    max_new_tokens: int
+    params: LookaheadParams | None
+    eos_token_id: int | Iterable[int] | None
+    stop_token_ids: Iterable[int]
+    sampling: SamplingParams | None
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    accepted: asyncio.Future
+
+
+@dataclass(frozen=True)
+class AbortCommand:
+    seq_id: str | int
+
+
+@dataclass(frozen=True)
+class SetParamsCommand:
+    seq_id: str | int
+    params: LookaheadParams | None
+
+
+Command = AddCommand | AbortCommand | SetParamsCommand
+
+
+class AsyncEngine:
+    """Owns an `Engine` on a dedicated thread, so model forwards never block the event loop.
+
+    Every engine call happens on that thread; callers talk to it through a command queue.
+    `before_step(engine)`, if given, runs on the engine thread before each step (the router uses
+    it to re-choose each running request's (N, W, G)).
+    """
+
+    def __init__(self, engine: Engine, before_step: Callable[[Engine], None] | None = None) -> None:
+        self.engine = engine
+        self.before_step = before_step
+        self._commands: deque[Command] = deque()
+        self._wake = threading.Event()
+        self._streams: dict[str | int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._depth = (0, 0)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="lookahead-engine", daemon=True)
+        self._thread.start()
+
+    # ---- caller side ------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: Seq[int],
+        *,
+        max_new_tokens: int,
+        params: LookaheadParams | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
+        stop_token_ids: Iterable[int] = (),
+        request_id: str | None = None,
+        sampling: SamplingParams | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[StepOutput]:
+        """Yield one `StepOutput` per engine step that accepted tokens for this request.
+
+        Raises ValueError / EngineOverloaded before the first yield if the engine refuses the
+        request, and `RequestTimeout` once `timeout_s` has passed since the call (the request is
+        aborted). Closing the iterator early (a client gone) aborts the request.
+        """
+        seq_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        queue: asyncio.Queue = asyncio.Queue()
+        accepted = loop.create_future()
+        self._submit(AddCommand(seq_id, list(prompt), max_new_tokens, params, eos_token_id, stop_token_ids, sampling,
+                                loop, queue, accepted))
+        try:
+            await accepted
+        except asyncio.CancelledError:
+            self.abort(seq_id)  # the engine may have taken it in already
+            raise
+        done = False
+        try:
+            while not done:
+                item = await _next(queue, loop, deadline, timeout_s)
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                done = item.finish_reason is not None
+                yield item
+        finally:
+            if not done:
+                self.abort(seq_id)
+
+    def abort(self, seq_id: str | int) -> None:
+        self._submit(AbortCommand(seq_id))
+
+    def set_params(self, seq_id: str | int, params: LookaheadParams | None) -> None:
+        self._submit(SetParamsCommand(seq_id, params))
+
+    def queue_depth(self) -> tuple[int, int]:
+        """(running, waiting) as of the engine's last step, plus requests not yet taken in."""
+        running, waiting = self._depth
+        return running, waiting + sum(1 for c in list(self._commands) if isinstance(c, AddCommand))
+
+    @property
+    def alive(self) -> bool:
+        """False once the engine thread has died or been shut down."""
+        return self._thread.is_alive() and not self._stopping
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def _submit(self, command: Command) -> None:
+        self._commands.append(command)
+        self._wake.set()
+
+    # ---- engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stopping:
+            self._drain_commands()
+            if not engine.has_work():
+                self._depth = engine.queue_depth()
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                if self.before_step is not None:
+                    self.before_step(engine)
+                outputs = engine.step()
+            except Exception as exc:  # keep serving: fail what was in flight, start clean
+                log.exception("engine step failed")
+                self._fail_all(exc)
+                continue
+            self._depth = engine.queue_depth()
+            for out in outputs:
+                self._deliver(out.seq_id, out, final=out.finish_reason is not None)
+
+    def _drain_commands(self) -> None:
+        engine = self.engine
+        while self._commands:
+            cmd = self._commands.popleft()
+            if isinstance(cmd, AddCommand):
+                try:
+                    engine.add_request(cmd.seq_id, cmd.prompt, max_new_tokens=cmd.max_new_tokens, params=cmd.params,
+                                       eos_token_id=cmd.eos_token_id, stop_token_ids=cmd.stop_token_ids,
+                                       sampling=cmd.sampling)
+                except Exception as exc:
+                    _call_soon(cmd.loop, _settle, cmd.accepted, exc)
+                    continue
+                if _call_soon(cmd.loop, _settle, cmd.accepted, None):
+                    self._streams[cmd.seq_id] = (cmd.loop, cmd.queue)
+                else:  # the caller's event loop is gone
+                    engine.abort(cmd.seq_id)
+            elif isinstance(cmd, AbortCommand):
+                engine.abort(cmd.seq_id)
+            elif isinstance(cmd, SetParamsCommand):
+                try:
+                    engine.set_params(cmd.seq_id, cmd.params)
+                except ValueError:
+                    log.warning("ignored out-of-range params %s for %s", cmd.params, cmd.seq_id)
+
+    def _deliver(self, seq_id, item, final: bool) -> None:
+        target = self._streams.pop(seq_id, None) if final else self._streams.get(seq_id)
+        if target is not None:
+            loop, queue = target
+            if not _call_soon(loop, queue.put_nowait, item):  # the caller's loop is gone: nobody listens
+                self._streams.pop(seq_id, None)
+                self.engine.abort(seq_id)
+
+    def _fail_all(self, exc: Exception) -> None:
+        error = RuntimeError(f"engine step failed: {exc}")
+        self.engine.abort_all()
+        for seq_id in list(self._streams):
+            self._deliver(seq_id, error, final=True)
+
+
+async def _next(queue: asyncio.Queue, loop: asyncio.AbstractEventLoop, deadline: float | None, timeout_s: float | None):
+    """The next item of a request's queue; RequestTimeout once its deadline has passed."""
+    if deadline is None:
+        return await queue.get()
+    try:
+        return await asyncio.wait_for(queue.get(), max(deadline - loop.time(), 0))
+    except asyncio.TimeoutError:
+        raise RequestTimeout(f"request timed out after {timeout_s:g} s") from None
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
+    """Schedule fn on the caller's loop; False if that loop is closed (the engine thread must not die)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+        return True
+    except RuntimeError:
+        return False
+
+
+def _settle(future: asyncio.Future, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)

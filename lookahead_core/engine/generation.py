@@ -1,0 +1,122 @@
+"""`generate` and `stream` for one sequence: the batching engine, run with one request."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.model_runner import ModelRunner
+from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.lookahead.sampling import SamplingParams
+
+
+@dataclass
+class GenerationStats:
+    steps: int
+    new_tokens: int
+    accepted_histogram: dict[int, int] = field(default_factory=dict)
+    forward_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def compression(self) -> float:
+        """New tokens per decode step (1.0 for plain decoding)."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def host_overhead(self) -> float:
+        """Share of decode-step time spent outside the model forward."""
+        return 1.0 - self.forward_s / self.decode_s if self.decode_s > 0 else 0.0
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    finish_reason: str
+    stats: GenerationStats
+
+
+def _prompt_list(input_ids: torch.Tensor | Iterable[int]) -> list[int]:
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"input_ids must have shape [1, T], got {list(input_ids.shape)}")
+        return input_ids[0].tolist()
+    return [int(t) for t in input_ids]
+
+
+def single_request_engine(
+    model: torch.nn.Module | ModelRunner,
+    prompt_len: int,
+    max_new_tokens: int,
+    params: LookaheadParams | None,
+    shared_pool_cap: int = 0,
+) -> Engine:
+    """An engine with one slot sized for this request: the whole prompt in one prefill forward."""
+    runner = model if isinstance(model, ModelRunner) else ModelRunner(model)
+    if not isinstance(max_new_tokens, bool) and isinstance(max_new_tokens, int) and max_new_tokens >= 1:
+        runner.check_length(prompt_len + max_new_tokens)
+    if params is not None and not isinstance(params, LookaheadParams):
+        raise TypeError(f"params must be LookaheadParams or None, got {type(params).__name__}")
+    p = params or LookaheadParams(2, 1, 0)
+    new = max_new_tokens if isinstance(max_new_tokens, int) and max_new_tokens >= 1 else 1
+    config = EngineConfig(max_batch=1, max_seq_len=max(2, prompt_len + new), max_new_tokens=new,
+                          prefill_chunk=max(1, prompt_len - 1), max_waiting=0, max_n=p.n, max_w=p.w, max_g=p.g,
+                          shared_pool_cap=shared_pool_cap)
+    return Engine(runner, config)
+
+
+def default_eos(runner: ModelRunner):
+    """The model's `generation_config.eos_token_id`, as `model.generate` uses it."""
+    config = runner.generation_config
+    return getattr(config, "eos_token_id", None) if config is not None else None
+
+
+def _start(model, input_ids, max_new_tokens, params, eos_token_id, stop_token_ids, sampling) -> Engine:
+    prompt = _prompt_list(input_ids)
+    engine = single_request_engine(model, len(prompt), max_new_tokens, params)
+    eos = default_eos(engine.runner) if eos_token_id is None else eos_token_id
+    engine.add_request(0, prompt, max_new_tokens=max_new_tokens, params=params, eos_token_id=eos,
+                       stop_token_ids=stop_token_ids, sampling=sampling)
+    return engine
+
+
+def stream(model, input_ids, *, max_new_tokens: int, params: LookaheadParams | None = None,
+           eos_token_id: int | Iterable[int] | None = None, stop_token_ids: Iterable[int] = (),
+           sampling: SamplingParams | None = None) -> Iterator[list[int]]:
+    """Yield the token ids accepted at each decode step."""
+    engine = _start(model, input_ids, max_new_tokens, params, eos_token_id, stop_token_ids, sampling)
+    while engine.has_work():
+        for out in engine.step():
+            if out.tokens:
+                yield out.tokens
+
+
+def generate(model, input_ids, *, max_new_tokens: int, params: LookaheadParams | None = None,
+             eos_token_id: int | Iterable[int] | None = None, stop_token_ids: Iterable[int] = (),
+             sampling: SamplingParams | None = None) -> GenerationResult:
+    """Greedy decoding, with lookahead when `params` is given; token-identical either way.
+    With `sampling` (SamplingParams, temperature > 0) it samples, and lookahead keeps the
+    output distribution.
+
+    `eos_token_id=None` takes the model's `generation_config.eos_token_id`, as `model.generate`
+    does; pass `[]` to decode to `max_new_tokens` regardless.
+    """
+    engine = _start(model, input_ids, max_new_tokens, params, eos_token_id, stop_token_ids, sampling)
+    tokens: list[int] = []
+    final = None
+    while engine.has_work():
+        for out in engine.step():
+            tokens.extend(out.tokens)
+            if out.finish_reason is not None:
+                final = out
+    stats = GenerationStats(
+        steps=final.stats["steps"],
+        new_tokens=len(tokens),
+        accepted_histogram=final.stats["accepted_histogram"],
+        forward_s=engine.forward_s,
+        decode_s=engine.step_s - engine.prefill_s,
+    )
+    return GenerationResult(tokens=tokens, finish_reason=final.finish_reason, stats=stats)

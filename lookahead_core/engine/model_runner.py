@@ -1,0 +1,67 @@
+"""One forward of a Hugging Face causal LM through its public interface."""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from lookahead_core.lookahead.layout import StepLayout
+from lookahead_core.lookahead.params import LookaheadParams
+
+
+class ModelRunner:
+    """Holds a causal LM and calls it with explicit positions, a 4D float mask and a cache."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        param = next(model.parameters())
+        self.device = param.device
+        self.dtype = param.dtype
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.num_layers = int(config.num_hidden_layers)
+        self.vocab_size = int(config.vocab_size)
+        self.context_length = getattr(config, "max_position_embeddings", None)
+        self.sliding_window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+        self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.generation_config = getattr(model, "generation_config", None)
+        self._layouts: dict[LookaheadParams | None, StepLayout] = {}
+
+    def layout(self, params: LookaheadParams | None) -> StepLayout:
+        """The step layout for `params`, built once per (N, W, G) on this model's dtype and device."""
+        key = None if params is None else LookaheadParams(params.n, params.w, params.g)
+        lay = self._layouts.get(key)
+        if lay is None:
+            lay = self._layouts[key] = StepLayout(key, self.dtype, self.device)
+        return lay
+
+    def check_tokens(self, tokens: list[int]) -> None:
+        bad = next((t for t in tokens if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {self.vocab_size})")
+
+    def check_length(self, total_tokens: int) -> None:
+        if self.context_length is not None and total_tokens > self.context_length:
+            raise ValueError(
+                f"prompt plus max_new_tokens is {total_tokens} tokens, beyond the model's context "
+                f"length of {self.context_length}"
+            )
+        if self.sliding_window is not None and total_tokens > self.sliding_window:
+            raise ValueError(
+                f"prompt plus max_new_tokens is {total_tokens} tokens, beyond the model's sliding "
+                f"window of {self.sliding_window}; sliding-window masks are not supported yet"
+            )
+
+    def prefill(self, input_ids: torch.Tensor, start: int, cache, mask: torch.Tensor | None = None) -> None:
+        """Write the keys of `input_ids` [B, T] at positions start.. into the cache; no logits are
+        needed, so only the last row's are computed. Without `mask` the model applies its causal mask."""
+        kwargs = {"logits_to_keep": 1} if self._takes_logits_to_keep else {}
+        positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
+        self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True, **kwargs)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache) -> tuple[list, torch.Tensor]:
+        """Logits [B, T, V] and the greedy next token after every input position, as host lists
+        (the step's one host-device sync; sampling reads the logits rows it needs)."""
+        logits = self.model(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache, use_cache=True
+        ).logits
+        return logits.argmax(dim=-1).tolist(), logits

@@ -1,0 +1,133 @@
+"""One request's decoding state: tokens, lookahead window and pool, stop rule and figures."""
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+
+import numpy as np
+
+from lookahead_core.lookahead.layout import StepLayout
+from lookahead_core.lookahead.ngram_pool import NGramPool
+from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.lookahead.sampling import SamplingParams, verify_sampling, warp
+from lookahead_core.lookahead.shared_pool import SharedNGramPool
+from lookahead_core.lookahead.stopping import StopCondition
+from lookahead_core.lookahead.verify import verify_greedy
+from lookahead_core.lookahead.window import LookaheadWindow
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Plans the step rows of one request and takes the model's outputs for them.
+
+    The last accepted token is never in the KV cache: each step feeds it first. Changing the
+    lookahead params rebuilds the window and pool from the tokens so far; exactness does not
+    depend on them, only speed does. Candidate slots its own pool leaves empty are filled from
+    the replica's `shared` pool, if given.
+    """
+
+    def __init__(
+        self,
+        seq_id: str | int,
+        prompt: Seq[int],
+        params: LookaheadParams | None,
+        stop: StopCondition,
+        layout_for: Callable[[LookaheadParams | None], StepLayout],
+        sampling: SamplingParams | None = None,
+        shared: SharedNGramPool | None = None,
+    ) -> None:
+        if len(prompt) == 0:
+            raise ValueError("the prompt must hold at least one token")
+        self.seq_id = seq_id
+        self.tokens: list[int] = [int(t) for t in prompt]
+        self.prompt_len = len(self.tokens)
+        self.stop = stop
+        self.status = Status.WAITING
+        self.finish_reason: str | None = None
+        self.steps = 0
+        self.planned_tokens = 0  # step rows fed to the model, for the profile's mean step width
+        self.accepted_histogram: dict[int, int] = {}
+        self._layout_for = layout_for
+        self.sampling = sampling if sampling is not None and not sampling.greedy else None
+        # Seeded requests draw from their own stream, so they reproduce whatever else is batched.
+        self.rng = np.random.default_rng(sampling.seed if sampling is not None else None)
+        self._candidates: list[tuple[int, ...]] = []
+        # Which candidates a sampled step verifies steers its random draws, so a seeded request
+        # keeps to its own pool: its output then depends on its seed alone.
+        self.shared = shared if self.sampling is None or self.sampling.seed is None else None
+        self.params: LookaheadParams | None = None
+        self.layout = layout_for(None)
+        self.set_params(params)
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def set_params(self, params: LookaheadParams | None) -> None:
+        if params == self.params:
+            return
+        self.params = params
+        self.layout = self._layout_for(params)
+        if params is not None:
+            self.window = LookaheadWindow(params.n, params.w, self.tokens)
+            self.pool = NGramPool(params.n, params.g)
+            if params.pool_from_prompt:
+                self.pool.add_sequence(self.tokens)
+            if self.shared is not None:
+                self.shared.track(params.n)
+
+    def plan(self, ids: np.ndarray) -> int:
+        """Write this step's tokens [last | window | candidates] into `ids`; return how many."""
+        lay = self.layout
+        last = self.tokens[-1]
+        ids[0] = last
+        if self.params is None:
+            self._candidates = []
+            self.planned_tokens += 1
+            return 1
+        cands = self.pool.lookup(last)[: lay.g]
+        if self.shared is not None and len(cands) < lay.g:
+            self.shared.fill(lay.n, last, cands, lay.g)
+        self._candidates = cands
+        ids[lay.window_start : lay.cand_start] = self.window.flat()
+        n_tok = lay.step_tokens(len(cands))
+        if cands:
+            ids[lay.cand_start : n_tok] = [t for cand in cands for t in cand]
+        self.planned_tokens += n_tok
+        return n_tok
+
+    def accept(self, pred: Seq[int], logits=None) -> tuple[int, list[int]]:
+        """Verify against the step's outputs (argmax per row; the logits rows [T, V] when
+        sampling); returns (step row of the accepted candidate's first token, or -1, the new
+        tokens after stop rules)."""
+        lay = self.layout
+        if self.sampling is None:
+            chosen, accepted = verify_greedy(pred, self._candidates, lay.cand_start)
+        else:
+            rows = logits.float().cpu().numpy() if hasattr(logits, "numpy") else logits
+            params = self.sampling
+            chosen, accepted = verify_sampling(lambda r: warp(rows[r], params), self._candidates, lay.cand_start, self.rng)
+        accepted, self.finish_reason = self.stop.clip(accepted, len(self.tokens) - self.prompt_len)
+        before = len(self.tokens)
+        self.tokens.extend(accepted)
+        if self.params is not None:
+            pool = self.pool
+            for ngram in self.window.update(pred[lay.newest_level_start : lay.cand_start]):
+                pool.add(ngram[0], ngram[1:])
+            if self.params.pool_from_prompt:
+                pool.add_sequence(self.tokens, start=before - self.params.n + 1)
+        self.steps += 1
+        self.accepted_histogram[len(accepted)] = self.accepted_histogram.get(len(accepted), 0) + 1
+        if self.finished:
+            self.status = Status.FINISHED
+        return (lay.candidate_row(chosen) if chosen >= 0 else -1), accepted

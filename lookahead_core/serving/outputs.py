@@ -1,0 +1,112 @@
+"""What one served request produces: a text delta per engine step, then a completion, or an error."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal, get_args
+
+from lookahead_core.lookahead.params import LookaheadParams
+
+FinishReason = Literal["eos", "stop", "length", "timeout", "abort"]
+FINISH_REASONS: frozenset[str] = frozenset(get_args(FinishReason))
+LookaheadMode = Literal["auto", "off", "fixed"]
+
+
+def finish_reason(engine_reason: str | None) -> FinishReason:
+    """The engine's finish reason as a served request reports it (the one place they are mapped).
+
+    The engine's "stop" is a stop token; a stop string also ends as "stop". A stream that ended
+    without a reason was cut short: "abort"."""
+    if engine_reason is None:
+        return "abort"
+    if engine_reason not in FINISH_REASONS:
+        raise ValueError(f"unknown finish reason {engine_reason!r}")
+    return engine_reason  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One engine step's accepted tokens and the text they settled (possibly empty: held back)."""
+
+    token_ids: tuple[int, ...]
+    text: str
+
+    def to_dict(self) -> dict:
+        return {"token_ids": list(self.token_ids), "text": self.text}
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class LookaheadSummary:
+    """The (N, W, G) a request ran with (for "auto": the router's last choice) and what it bought."""
+
+    mode: LookaheadMode
+    n: int | None
+    w: int | None
+    g: int | None
+    steps: int
+    compression: float | None  # tokens per decode step
+
+    @classmethod
+    def of(cls, mode: LookaheadMode, params: LookaheadParams | None, steps: int, tokens: int) -> LookaheadSummary:
+        n, w, g = (params.n, params.w, params.g) if params is not None else (None, None, None)
+        return cls(mode, n, w, g, steps, round(tokens / steps, 3) if steps else None)
+
+
+@dataclass(frozen=True)
+class Timings:
+    ttft_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The final item of a request: the whole text (stop string cut off) and how it ended."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    usage: Usage
+    lookahead: LookaheadSummary
+    timings: Timings
+
+    def __post_init__(self) -> None:
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"unknown finish reason {self.finish_reason!r}")
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["token_ids"] = list(self.token_ids)
+        return out
+
+
+class RequestError(ValueError):
+    """A request the server refuses or could not finish: an HTTP status and a message for the client.
+
+    `param` names the offending request field, `code` is a machine-readable reason and `type`
+    overrides OpenAI's error type (otherwise derived from the status). A ValueError, so that
+    code validating a request may raise it where a ValueError is expected."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+
+    def __reduce__(self):  # pickled across the Serve hop with every field
+        return type(self), (self.status, self.message, self.param, self.code, self.type)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RequestError) and self.__reduce__() == other.__reduce__()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"RequestError({self.status}, {self.message!r}, param={self.param!r}, code={self.code!r})"

@@ -1,0 +1,153 @@
+"""One request through the engine: tokens in, text deltas and a completion out, errors as HTTP statuses."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+from jinja2 import TemplateError
+
+from lookahead_core.engine.async_engine import AsyncEngine, RequestTimeout
+from lookahead_core.engine.engine import EngineOverloaded
+from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.policy.auto import AutoLookahead
+from lookahead_core.serving.outputs import (
+    Completion,
+    Delta,
+    LookaheadSummary,
+    RequestError,
+    Timings,
+    Usage,
+    finish_reason,
+)
+from lookahead_core.serving.request import ServeRequest
+from lookahead_core.serving.text_stream import TextStream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """What one request may ask for beyond the engine's own limits; None is no limit."""
+
+    max_prompt_tokens: int | None = None
+    max_stop_strings: int = 16
+    max_stop_chars: int = 256
+    request_timeout_s: float | None = None
+
+
+class RequestProcessor:
+    """Tokenizes requests, drives them through an AsyncEngine and turns their tokens into text.
+
+    Ray-free: the replica wraps it, tests drive it with a real engine directly."""
+
+    def __init__(self, tokenizer, eos_token_ids: Iterable[int] = (), limits: ServingLimits | None = None,
+                 model_name: str = "model") -> None:
+        self.tokenizer = tokenizer
+        self.eos = tuple(eos_token_ids)
+        self.limits = limits or ServingLimits()
+        self.model_name = model_name
+
+    # ---- before the engine --------------------------------------------------------------------
+
+    def tokenize(self, req: ServeRequest) -> list[int]:
+        """The prompt's token ids: given, tokenized text, or the chat template's rendering of `messages`."""
+        if req.input_ids is not None:
+            ids = list(req.input_ids)
+        elif req.messages is not None:
+            if not self.tokenizer.chat_template:
+                raise RequestError(400, f"model {self.model_name!r} has no chat template: send `prompt` instead, "
+                                        "or set model.chat_template in the server config", "messages")
+            try:
+                turns = [m.to_dict() for m in req.messages]
+                ids = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True,
+                                                         return_dict=False)
+            except TemplateError as exc:  # templates raise on conversations they refuse
+                raise RequestError(400, f"the model's chat template refused these messages: {exc}",
+                                   "messages") from None
+        else:
+            ids = self.tokenizer(req.prompt)["input_ids"]
+        limit = self.limits.max_prompt_tokens
+        if limit is not None and len(ids) > limit:
+            raise RequestError(400, f"the prompt has {len(ids)} tokens; this server accepts at most {limit}")
+        return ids
+
+    def check_stops(self, stops: tuple[str, ...]) -> None:
+        n, chars = self.limits.max_stop_strings, self.limits.max_stop_chars
+        if len(stops) > n or any(not s or len(s) > chars for s in stops):
+            raise RequestError(400, f"`stop` takes at most {n} non-empty strings of at most {chars} characters", "stop")
+
+    def timeout(self, req: ServeRequest) -> float | None:
+        """The request's own timeout_s, capped by the server's request_timeout_s."""
+        limits = [t for t in (req.timeout_s, self.limits.request_timeout_s) if t is not None]
+        return min(limits) if limits else None
+
+    # ---- the request ----------------------------------------------------------------------------
+
+    async def run(self, req: ServeRequest, engine: AsyncEngine,
+                  auto: AutoLookahead | None = None) -> AsyncIterator[Delta | Completion]:
+        """Yield a Delta per engine step that accepted tokens (and one for text held to the end),
+        then the Completion. Raises RequestError: 400 for a request the server or engine refuses,
+        503 when the engine's queue is full, 408/504 for a deadline passed before the first token,
+        500 when a step failed. `auto` picks (N, W, G) for lookahead "auto" (default params without it)."""
+        t0 = time.perf_counter()
+        self.check_stops(req.stop)
+        prompt = self.tokenize(req)
+        if req.mode == "auto":
+            params = auto.register(req.request_id) if auto is not None else LookaheadParams()
+        else:
+            params = req.params
+        timeout_s = self.timeout(req)
+        stream = engine.generate(prompt, max_new_tokens=req.max_new_tokens, params=params,
+                                 eos_token_id=() if req.ignore_eos else self.eos, request_id=req.request_id,
+                                 sampling=req.sampling, timeout_s=timeout_s)
+        text = TextStream(self.tokenizer, req.stop)
+        tokens: list[int] = []
+        steps, ttft, reason = 0, None, None
+        try:
+            async for out in stream:
+                if out.tokens:
+                    steps += 1
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    tokens.extend(out.tokens)
+                    delta, hit = text.push(out.tokens)
+                    yield Delta(tuple(out.tokens), delta)
+                    if hit:
+                        reason = "stop"
+                        break
+                if out.finish_reason is not None:
+                    reason = out.finish_reason
+                    break
+        except EngineOverloaded as exc:
+            raise RequestError(503, f"replica overloaded: {exc}", code="overloaded") from None
+        except (ValueError, TypeError) as exc:
+            raise RequestError(400, str(exc)) from None
+        except RequestTimeout:
+            if not tokens:  # nothing produced: an error, not an empty success
+                # The client's own deadline is a 408; the server's ceiling is a 504.
+                own = req.timeout_s is not None and req.timeout_s <= timeout_s
+                status, whose = (408, "its timeout_s") if own else (504, "the server's request_timeout_s")
+                raise RequestError(status, f"request timed out after {timeout_s:g} s ({whose}) before its first token",
+                                   code="timeout") from None
+            reason = "timeout"
+        except RuntimeError as exc:  # the engine step failed; the engine has already started clean
+            log.error("request %s failed: %s", req.request_id, exc)
+            raise RequestError(500, f"generation failed: {exc}") from None
+        finally:
+            await stream.aclose()
+            if auto is not None:
+                auto.forget(req.request_id)
+        tail = text.flush()
+        if tail:
+            yield Delta((), tail)
+        total = time.perf_counter() - t0
+        chosen = auto.current if req.mode == "auto" and auto is not None else params
+        yield Completion(
+            text=text.text,
+            token_ids=tuple(tokens),
+            finish_reason=finish_reason(reason),
+            usage=Usage(len(prompt), len(tokens)),
+            lookahead=LookaheadSummary.of(req.mode, chosen, steps, len(tokens)),
+            timings=Timings(round(1000 * (ttft if ttft is not None else total), 2), round(1000 * total, 2)),
+        )

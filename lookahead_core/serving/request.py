@@ -1,0 +1,98 @@
+"""The one request type of the serving path, built once from the HTTP body and checked once."""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.lookahead.sampling import SamplingParams
+from lookahead_core.serving.outputs import LookaheadMode, RequestError
+
+PROMPT_FIELDS = ("prompt", "input_ids", "messages")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat turn, rendered by the model's chat template."""
+
+    role: str
+    content: str
+
+    def to_dict(self) -> dict:
+        return {"role": self.role, "content": self.content}
+
+
+def _set(obj, name: str, value) -> None:
+    object.__setattr__(obj, name, value)
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """One generation request: exactly one of `prompt` (text), `input_ids` or `messages` (chat).
+
+    lookahead: "auto" (the replica's router picks (N, W, G) each step), "off", or fixed params.
+    sampling: None is greedy decoding. timeout_s: the client's own deadline (the server may cap it).
+    ignore_eos: decode past EOS up to max_new_tokens. Rules on (N, W, G) live in LookaheadParams and
+    on sampling in SamplingParams; this class checks the prompt and the types, and raises
+    RequestError (400) naming the field.
+    """
+
+    prompt: str | None = None
+    input_ids: tuple[int, ...] | None = None
+    messages: tuple[Message, ...] | None = None
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    lookahead: Literal["auto", "off"] | LookaheadParams = "auto"
+    sampling: SamplingParams | None = None
+    timeout_s: float | None = None
+    ignore_eos: bool = False
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        # Lists become tuples (the request is immutable); dict turns become Messages.
+        if self.input_ids is not None:
+            if any(isinstance(t, bool) or not isinstance(t, int) for t in self.input_ids):
+                raise RequestError(400, "`input_ids` must be a list of integers", "input_ids")
+            _set(self, "input_ids", tuple(self.input_ids))
+        if self.messages is not None:
+            turns = tuple(Message(**m) if isinstance(m, Mapping) else m for m in self.messages)
+            if not all(isinstance(m, Message) and isinstance(m.content, str) for m in turns):
+                raise RequestError(400, "`messages` must be chat turns {role, content}", "messages")
+            _set(self, "messages", turns)
+        given = [name for name in PROMPT_FIELDS if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise RequestError(400, "give exactly one of `prompt` (a string), `input_ids` (a list of token ids) or "
+                                    "`messages` (chat turns)")
+        if not getattr(self, given[0]):
+            raise RequestError(400, f"`{given[0]}` must not be empty", given[0])
+        if self.prompt is not None and not isinstance(self.prompt, str):
+            raise RequestError(400, "`prompt` must be a string", "prompt")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise RequestError(400, f"`max_new_tokens` must be an integer >= 1, got {self.max_new_tokens!r}",
+                               "max_new_tokens")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if not all(isinstance(s, str) for s in stop):
+            raise RequestError(400, "`stop` must be a list of strings", "stop")
+        _set(self, "stop", stop)
+        if not (isinstance(self.lookahead, LookaheadParams) or self.lookahead in ("auto", "off")):
+            raise RequestError(400, f"`lookahead` must be \"auto\", \"off\" or LookaheadParams, got {self.lookahead!r}",
+                               "lookahead")
+        if self.sampling is not None and not isinstance(self.sampling, SamplingParams):
+            raise RequestError(400, f"`sampling` must be SamplingParams or None, got {type(self.sampling).__name__}",
+                               "sampling")
+        t = self.timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
+            raise RequestError(400, f"`timeout_s` must be > 0, got {self.timeout_s!r}", "timeout_s")
+
+    @property
+    def mode(self) -> LookaheadMode:
+        if isinstance(self.lookahead, LookaheadParams):
+            return "fixed"
+        return self.lookahead  # type: ignore[return-value]
+
+    @property
+    def params(self) -> LookaheadParams | None:
+        """The fixed (N, W, G), or None ("off"; for "auto" the replica's router decides)."""
+        return self.lookahead if isinstance(self.lookahead, LookaheadParams) else None

@@ -1,0 +1,71 @@
+"""Incremental detokenization with stop strings, at a cost per step that does not grow with the text."""
+from __future__ import annotations
+
+
+class TextStream:
+    """Turns accepted token ids into text deltas.
+
+    Each push decodes only a small window: the tokens since the last settled one plus a little
+    context (the prefix/read-offset method of vLLM and TGI), not the whole output. A token that
+    ends in an incomplete UTF-8 character (decoded as U+FFFD) settles once a later token completes
+    it. Text that could still be the start of a stop string is held back too; `flush` releases
+    what is held at the end. A stop string ends the text before it (it is not included), as in the
+    OpenAI API. Without stop strings the deltas concatenate to `tokenizer.decode(ids,
+    skip_special_tokens=True)`.
+    """
+
+    def __init__(self, tokenizer, stops: list[str] | tuple[str, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # start of the decode window
+        self.read_offset = 0  # tokens before this are settled text
+        self.pending = ""  # settled text held back: it may begin a stop string
+        self.chunks: list[str] = []  # emitted text
+        self.stopped = False
+
+    @property
+    def text(self) -> str:
+        """Everything emitted so far."""
+        return "".join(self.chunks)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _settle(self, final: bool = False) -> str:
+        """Text of the tokens since read_offset, once it ends in a whole character ('' until then)."""
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if len(full) <= len(prefix) or (full.endswith("\ufffd") and not final):
+            return ""
+        # The tokens just settled become the next window's context, so that joins between tokens
+        # (spaces, clean-up) come out as in one decode of everything.
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return full[len(prefix) :]
+
+    def _emit(self, text: str) -> str:
+        if text:
+            self.chunks.append(text)
+        return text
+
+    def push(self, ids: list[int] | tuple[int, ...]) -> tuple[str, bool]:
+        """Add tokens; returns (new text, whether a stop string was hit). After a hit, nothing more."""
+        if self.stopped:
+            return "", True
+        self.ids.extend(ids)
+        buf = self.pending + self._settle()
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.pending, self.stopped = "", True
+            return self._emit(buf[: min(hits)]), True
+        cut = max(0, len(buf) - self.hold)
+        self.pending = buf[cut:]
+        return self._emit(buf[:cut]), False
+
+    def flush(self) -> str:
+        """The text held back at the end of the request (an incomplete character comes out as U+FFFD)."""
+        if self.stopped:
+            return ""
+        tail, self.pending = self.pending + self._settle(final=True), ""
+        return self._emit(tail)

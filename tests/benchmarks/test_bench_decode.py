@@ -1,0 +1,41 @@
+"""bench_decode end to end on a saved tiny model, offline: peers, identity columns, first differences."""
+import json
+
+from benchmarks import bench_decode
+
+
+def test_bench_decode_reports_peers_and_identity(tiny_model_dir, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": i, "prompt": p}) for i, p in enumerate(["def f(x):", "import os\n", "ab"])))
+    out = tmp_path / "r.json"
+    report = bench_decode.main(
+        ["--model", str(tiny_model_dir), "--prompts", str(prompts), "--num-prompts", "2", "--max-new-tokens", "12",
+         "--configs", "3,2,2;4,3,3", "--pool", "both", "--dtype", "float32", "--fp32-reference", "--json", str(out)]
+    )
+    names = [r["config"] for r in report["rows"]]
+    assert names == ["hf-greedy", "hf-pld3", "hf-pld10", "plain", "la(3,2,2)+prompt", "la(3,2,2)-prompt",
+                     "la(4,3,3)+prompt", "la(4,3,3)-prompt"]
+    ours = [r for r in report["rows"] if not r["config"].startswith("hf-pld")]
+    assert all(r["identical"] == "2/2" and r["identical_fp32"] == "2/2" for r in ours)
+    assert all(r["median_first_diff"] is None for r in ours)
+    assert report["rows"][3]["compression"] == 1.0
+    assert json.loads(out.read_text())["rows"][0]["speedup_vs_hf"] == 1.0
+
+
+def test_bench_decode_counts_differences_against_a_bf16_run(tiny_model_dir, tmp_path):
+    """bf16 against its own HF greedy and against float32: the identity columns are measured, not assumed."""
+    report = bench_decode.main(["--model", str(tiny_model_dir), "--num-prompts", "2", "--prompt-len", "8",
+                                "--max-new-tokens", "8", "--configs", "3,2,2", "--pld", "", "--dtype", "bfloat16",
+                                "--fp32-reference"])
+    assert report["dtype"] == "bfloat16"
+    rows = {r["config"]: r for r in report["rows"]}
+    assert rows["hf-greedy"]["identical"] == "2/2"
+    for r in rows.values():
+        assert r["identical_fp32"].endswith("/2")  # every run compared with the float32 reference
+        assert (r["median_first_diff"] is None) == (r["identical"] == "2/2")
+
+
+def test_first_difference():
+    assert bench_decode.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert bench_decode.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert bench_decode.first_difference([1, 2], [1, 2, 3]) == 2

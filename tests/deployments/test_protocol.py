@@ -1,0 +1,46 @@
+"""HTTP bodies become one ServeRequest; the OpenAI fields are mapped there. No Ray needed."""
+import pytest
+from pydantic import ValidationError
+
+from deployments.protocol import OPENAI_FINISH, ChatRequest, CompletionRequest, GenerateRequest
+from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.lookahead.sampling import SamplingParams
+from lookahead_core.serving import FINISH_REASONS, Message
+
+
+def test_generate_body_to_request():
+    req = GenerateRequest(prompt="x", max_new_tokens=7, stop=["a"], lookahead={"n": 4, "w": 3, "g": 3},
+                          temperature=0.5, top_k=3, seed=2, timeout_s=9).to_request()
+    assert (req.prompt, req.max_new_tokens, req.stop, req.timeout_s) == ("x", 7, ("a",), 9)
+    assert req.lookahead == LookaheadParams(4, 3, 3) and req.sampling == SamplingParams(0.5, 3, 1.0, 2)
+    greedy = GenerateRequest(input_ids=[1, 2], lookahead="off").to_request()
+    assert greedy.sampling is None and greedy.input_ids == (1, 2) and greedy.mode == "off"
+
+
+def test_openai_fields_are_mapped():
+    c = CompletionRequest(prompt=["hi"], max_tokens=None, stop="!", ignore_eos=True).to_request()
+    assert (c.prompt, c.max_new_tokens, c.stop, c.ignore_eos) == ("hi", 16, ("!",), True)
+    assert c.sampling == SamplingParams(1.0)  # OpenAI's default temperature
+    chat = ChatRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+                       max_tokens=5, max_completion_tokens=3, temperature=0).to_request()
+    assert chat.messages == (Message("user", "ab"),) and chat.max_new_tokens == 3 and chat.sampling is None
+    assert ChatRequest(messages=[{"role": "user", "content": "x"}], max_tokens=5).to_request().max_new_tokens == 5
+    assert ChatRequest(messages=[{"role": "user", "content": "x"}]).to_request().max_new_tokens == 128
+
+
+@pytest.mark.parametrize("model, body, message", [
+    (GenerateRequest, {"prompt": "x", "lookahead": {"n": 1, "w": 2, "g": 2}}, "lookahead n must be >= 2"),
+    (GenerateRequest, {"prompt": "x", "top_p": 0}, "top_p must be in (0, 1]"),
+    (GenerateRequest, {"prompt": ""}, "`prompt` must not be empty"),
+    (GenerateRequest, {}, "exactly one of"),
+    (ChatRequest, {"messages": []}, "`messages` must not be empty"),
+    (CompletionRequest, {"prompt": ["a", "b"]}, "one prompt per request"),
+    (CompletionRequest, {"prompt": "a", "temperature": 3}, "temperature"),
+])
+def test_each_rule_is_reported_from_its_one_place(model, body, message):
+    with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace("]", r"\]")):
+        model.model_validate(body)
+
+
+def test_every_finish_reason_has_an_openai_name():
+    assert set(OPENAI_FINISH) == FINISH_REASONS and OPENAI_FINISH["abort"] == "abort"

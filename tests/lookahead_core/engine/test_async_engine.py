@@ -1,0 +1,96 @@
+import asyncio
+import time
+
+import pytest
+
+from lookahead_core import LookaheadParams
+from lookahead_core.engine.async_engine import AsyncEngine
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.engine.engine import Engine
+from lookahead_core.models.random_models import build_random_model
+from tests.lookahead_core.helpers import well_conditioned_cases
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = build_random_model("llama")
+    cases = well_conditioned_cases(model, 4, 512, seed=31, max_new_tokens=24)
+    engine = AsyncEngine(Engine(model, EngineConfig(max_batch=4, prefill_chunk=16, max_new_tokens=512)))
+    yield engine, cases
+    engine.shutdown()
+
+
+def test_concurrent_streams_equal_their_references(setup):
+    engine, cases = setup
+    params = [None, LookaheadParams(3, 4, 4), LookaheadParams(5, 7, 7), LookaheadParams(4, 5, 5)]
+
+    async def one(i):
+        out = []
+        async for step in engine.generate(cases[i][0], max_new_tokens=24, params=params[i], eos_token_id=[]):
+            out += step.tokens
+            last = step
+        return out, last
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(4)))
+
+    results = asyncio.run(main())
+    for (tokens, last), (_, ref) in zip(results, cases):
+        assert tokens == ref
+        assert last.finish_reason == "length" and last.stats["new_tokens"] == 24
+
+
+def test_closing_a_stream_frees_its_slot_within_one_step(setup):
+    engine, cases = setup
+    aborted = engine.engine.aborted
+
+    async def main():
+        stream = engine.generate(cases[0][0], max_new_tokens=500, eos_token_id=[])
+        await stream.__anext__()
+        assert engine.queue_depth()[0] == 1
+        closed_at = engine.engine.steps
+        await stream.aclose()
+        for _ in range(200):
+            if engine.queue_depth() == (0, 0):
+                return engine.engine.steps - closed_at
+            await asyncio.sleep(0.005)
+        return None
+
+    steps = asyncio.run(main())
+    # The step running when the client left may finish; the next one frees the slot.
+    assert steps is not None and steps <= 2, steps
+    assert engine.engine.aborted == aborted + 1
+
+
+def test_timeout_aborts_the_request(setup):
+    engine, cases = setup
+    from lookahead_core.engine.async_engine import RequestTimeout
+
+    async def main():
+        got = []
+        with pytest.raises(RequestTimeout, match="timed out after 0.05 s"):
+            async for step in engine.generate(cases[1][0], max_new_tokens=500, eos_token_id=[], timeout_s=0.05):
+                got += step.tokens
+        return got
+
+    t0 = time.perf_counter()
+    got = asyncio.run(main())
+    assert time.perf_counter() - t0 < 0.5 and len(got) < 500
+    for _ in range(100):
+        if engine.queue_depth() == (0, 0):
+            break
+        time.sleep(0.01)
+    assert engine.queue_depth() == (0, 0) and engine.alive
+
+
+def test_invalid_request_raises_before_streaming(setup):
+    engine, _ = setup
+
+    async def main():
+        async for _ in engine.generate([5, 6], max_new_tokens=10_000):
+            pass
+
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        asyncio.run(main())
+    time.sleep(0.05)
+    assert engine.queue_depth() == (0, 0)

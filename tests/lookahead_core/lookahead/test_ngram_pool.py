@@ -1,0 +1,69 @@
+import pytest
+
+from lookahead_core.lookahead.ngram_pool import NGramPool
+
+
+def test_lookup_returns_most_recent_first():
+    pool = NGramPool(n=3, cap=4)
+    pool.add(7, (1, 2))
+    pool.add(7, (3, 4))
+    assert pool.lookup(7) == [(3, 4), (1, 2)]
+    assert pool.lookup(8) == []
+
+
+def test_cap_evicts_least_recently_seen():
+    pool = NGramPool(n=2, cap=2)
+    pool.add(1, (10,))
+    pool.add(1, (11,))
+    pool.add(1, (10,))  # seen again: now the most recent
+    pool.add(1, (12,))  # evicts (11,)
+    assert pool.lookup(1) == [(12,), (10,)]
+    assert len(pool) == 2
+
+
+def test_cap_is_per_key():
+    pool = NGramPool(n=2, cap=1)
+    pool.add(1, (5,))
+    pool.add(2, (6,))
+    assert pool.lookup(1) == [(5,)] and pool.lookup(2) == [(6,)]
+
+
+def test_zero_cap_holds_nothing():
+    pool = NGramPool(n=2, cap=0)
+    pool.add(1, (5,))
+    assert pool.lookup(1) == [] and len(pool) == 0
+
+
+def test_add_sequence_adds_every_ngram_from_start():
+    pool = NGramPool(n=3, cap=8)
+    pool.add_sequence([1, 2, 3, 4, 1, 2, 5])
+    assert pool.lookup(1) == [(2, 5), (2, 3)]
+    assert pool.lookup(3) == [(4, 1)]
+    only_new = NGramPool(n=3, cap=8)
+    only_new.add_sequence([1, 2, 3, 4, 5], start=2)  # n-grams ending at index >= 4
+    assert len(only_new) == 1 and only_new.lookup(3) == [(4, 5)]
+
+
+def test_invalid_sizes():
+    with pytest.raises(ValueError):
+        NGramPool(n=1, cap=2)
+    with pytest.raises(ValueError):
+        NGramPool(n=2, cap=-1)
+
+
+def test_max_keys_evicts_the_key_added_longest_ago():
+    pool = NGramPool(n=2, cap=2, max_keys=2)
+    pool.add(1, (5,))
+    pool.add(2, (6,))
+    pool.add(1, (7,))  # an existing key: nothing evicted
+    pool.add(3, (8,))  # a third key: key 1, the first added, goes
+    assert pool.lookup(1) == [] and pool.lookup(2) == [(6,)] and pool.lookup(3) == [(8,)]
+    with pytest.raises(ValueError):
+        NGramPool(n=2, cap=2, max_keys=0)
+
+
+def test_clear_empties_the_pool():
+    pool = NGramPool(n=3, cap=4)
+    pool.add_sequence([1, 2, 3, 4])
+    pool.clear()
+    assert len(pool) == 0 and pool.lookup(1) == []

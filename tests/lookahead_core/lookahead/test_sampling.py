@@ -1,0 +1,239 @@
+"""Lookahead sampling keeps the model's output distribution (statistical tests with fixed seeds)."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from lookahead_core import LookaheadParams, SamplingParams, generate
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.engine.engine import Engine
+from lookahead_core.lookahead.ngram_pool import NGramPool
+from lookahead_core.lookahead.sampling import sample, verify_sampling, warp
+from lookahead_core.models.random_models import build_random_model
+
+V = 8
+PROMPT = [5]
+POOL_SEED = [5, 0, 1, 5, 0, 2, 5, 3, 4, 5, 6, 7, 0, 1, 4]  # several continuations per key, shared first tokens
+N, G = 3, 3
+SAMPLES = 20_000
+CONFIGS = {
+    "temperature 1.0": SamplingParams(1.0),
+    "temperature 0.7, top-p 0.9": SamplingParams(0.7, top_p=0.9),
+    "top-k 5": SamplingParams(1.0, top_k=5),
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_random_model("llama", vocab_size=V, hidden=32, layers=2, heads=4, kv_heads=2, init_std=0.12, seed=3)
+
+
+@pytest.fixture(scope="module")
+def logits_table(model):
+    """Next-token logits after PROMPT + every context of up to 3 tokens (one batched forward)."""
+    table = {}
+    for depth in range(4):
+        ctxs = list(itertools.product(range(V), repeat=depth))
+        ids = torch.tensor([PROMPT + list(c) for c in ctxs])
+        with torch.no_grad():
+            out = model(ids).logits[:, -1].double().numpy()
+        table.update({c: out[i] for i, c in enumerate(ctxs)})
+    return table
+
+
+def exact_joint(table, params):
+    joint = np.zeros((V, V, V))
+    p1 = warp(table[()], params)
+    for a in range(V):
+        p2 = warp(table[(a,)], params)
+        for b in range(V):
+            joint[a, b] = p1[a] * p2[b] * warp(table[(a, b)], params)
+    return joint
+
+
+def simulate(table, params, seed, verifier=verify_sampling, lookahead=True):
+    """First 3 tokens: plain sampling, or lookahead verification over the pool's candidates."""
+    rng = np.random.default_rng(seed)
+    pool = NGramPool(N, G)
+    pool.add_sequence(POOL_SEED)
+    ctx = []
+    while len(ctx) < 3:
+        if not lookahead:
+            ctx.append(sample(warp(table[tuple(ctx)], params), rng))
+            continue
+        cands = pool.lookup((PROMPT + ctx)[-1])[:G]
+
+        def dist_at(row, ctx=tuple(ctx), cands=cands):
+            if row == 0:
+                return warp(table[ctx], params)
+            g, d = divmod(row - 1, N - 1)
+            return warp(table[(ctx + tuple(cands[g][: d + 1]))[:3]], params)
+
+        _, acc = verifier(dist_at, cands, 1, rng)
+        ctx.extend(acc)
+    return tuple(ctx[:3])
+
+
+def counts(samples):
+    c = np.zeros((V, V, V))
+    for s in samples:
+        c[s] += 1
+    return c
+
+
+def chi2_pvalue(stat, dof):
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def gof(obs, probs, min_expected=5.0):
+    """Goodness of fit to exact probabilities; cells expected below 5 are pooled into one."""
+    exp = probs.ravel() * obs.sum()
+    obs = obs.ravel()
+    small = exp < min_expected
+    o = np.append(obs[~small], obs[small].sum())
+    e = np.append(exp[~small], exp[small].sum())
+    keep = e > 0
+    stat = float(((o[keep] - e[keep]) ** 2 / e[keep]).sum())
+    return chi2_pvalue(stat, int(keep.sum()) - 1)
+
+
+def two_sample(a, b, min_count=10):
+    """Chi-square test of homogeneity of two count tables (sparse cells pooled)."""
+    a, b = a.ravel(), b.ravel()
+    small = (a + b) < min_count
+    a = np.append(a[~small], a[small].sum())
+    b = np.append(b[~small], b[small].sum())
+    keep = (a + b) > 0
+    a, b = a[keep], b[keep]
+    n_a, n_b = a.sum(), b.sum()
+    tot = a + b
+    ea, eb = tot * n_a / (n_a + n_b), tot * n_b / (n_a + n_b)
+    stat = float(((a - ea) ** 2 / ea).sum() + ((b - eb) ** 2 / eb).sum())
+    return chi2_pvalue(stat, len(a) - 1)
+
+
+def wrong_verifier(dist_at, candidates, cand_start, rng):
+    """Deliberately wrong: a rejected candidate's mass is not removed before the next draw."""
+    p = dist_at(0)
+    for g, cand in enumerate(candidates):
+        if rng.random() < p[cand[0]]:
+            return g, [cand[0], sample(dist_at(cand_start + g * len(cand)), rng)]
+    return -1, [sample(p, rng)]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_lookahead_sampling_matches_plain_sampling(logits_table, name):
+    params = CONFIGS[name]
+    plain = counts(simulate(logits_table, params, seed, lookahead=False) for seed in range(SAMPLES))
+    look = counts(simulate(logits_table, params, 10**6 + seed) for seed in range(SAMPLES))
+    exact = exact_joint(logits_table, params)
+    assert gof(plain, exact) > 1e-3
+    assert gof(look, exact) > 1e-3
+    assert two_sample(plain, look) > 1e-3
+
+
+def test_the_test_has_power_a_wrong_verifier_fails(logits_table):
+    params = CONFIGS["temperature 1.0"]
+    plain = counts(simulate(logits_table, params, seed, lookahead=False) for seed in range(SAMPLES))
+    wrong = counts(simulate(logits_table, params, 10**6 + seed, verifier=wrong_verifier) for seed in range(SAMPLES))
+    assert two_sample(plain, wrong) < 1e-6
+    assert gof(wrong, exact_joint(logits_table, params)) < 1e-6
+
+
+def test_engine_lookahead_sampling_follows_the_model_distribution(model, logits_table):
+    """End to end through the batching engine: the same 3-token joint distribution. A plumbing
+    check (a wrong logits row would move the distribution far), so fewer samples suffice."""
+    params = CONFIGS["temperature 1.0"]
+    samples = 8_000
+    cfg = EngineConfig(max_batch=256, max_new_tokens=3, max_seq_len=16, max_waiting=samples, max_n=N, max_w=2, max_g=G)
+    engine = Engine(model, cfg)
+    for i in range(samples):
+        engine.add_request(i, PROMPT, max_new_tokens=3, params=LookaheadParams(N, 2, G, pool_from_prompt=False),
+                           eos_token_id=[], sampling=SamplingParams(1.0, seed=i))
+        engine._seqs[i].pool.add_sequence(POOL_SEED)
+    out, multi = {i: [] for i in range(samples)}, 0
+    while engine.has_work():
+        for o in engine.step():
+            out[o.seq_id] += o.tokens
+            multi += len(o.tokens) > 1
+    assert multi > samples // 10  # candidates were accepted, not only bonus tokens
+    look = counts(tuple(t) for t in out.values())
+    assert gof(look, exact_joint(logits_table, params)) > 1e-3
+
+
+def test_warp_matches_hf_warpers():
+    rng = np.random.default_rng(0)
+    for params in [SamplingParams(0.7, top_p=0.9), SamplingParams(1.3, top_k=5), SamplingParams(0.5, top_k=20, top_p=0.8)]:
+        logits = rng.normal(size=(1, 64)) * 3
+        scores = torch.tensor(logits, dtype=torch.float32)
+        scores = TemperatureLogitsWarper(params.temperature)(None, scores)
+        if params.top_k:
+            scores = TopKLogitsWarper(params.top_k)(None, scores)
+        if params.top_p < 1:
+            scores = TopPLogitsWarper(params.top_p)(None, scores)
+        hf = torch.softmax(scores, dim=-1)[0].double().numpy()
+        assert np.allclose(warp(logits[0], params), hf, atol=1e-6)
+
+
+def test_seeded_requests_reproduce_alone_and_in_a_batch(model):
+    prompt = torch.tensor([[5, 0, 1, 5]])
+    s = SamplingParams(0.9, top_k=6, seed=42)
+    a = generate(model, prompt, max_new_tokens=24, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=s).tokens
+    b = generate(model, prompt, max_new_tokens=24, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=s).tokens
+    assert a == b
+    engine = Engine(model, EngineConfig(max_batch=4, max_new_tokens=32))
+    for i, seed in enumerate([42, 7, 42, 9]):
+        engine.add_request(i, prompt[0].tolist(), max_new_tokens=24, params=LookaheadParams(3, 2, 3), eos_token_id=[],
+                           sampling=SamplingParams(0.9, top_k=6, seed=seed))
+    out = {i: [] for i in range(4)}
+    while engine.has_work():
+        for o in engine.step():
+            out[o.seq_id] += o.tokens
+    assert out[0] == out[2] == a and out[1] != a
+    unseeded = [generate(model, prompt, max_new_tokens=24, eos_token_id=[], sampling=SamplingParams(0.9)).tokens for _ in range(3)]
+    assert len({tuple(u) for u in unseeded}) > 1
+
+
+def _engine_output(engine, prompt, sampling):
+    engine.add_request("r", prompt, max_new_tokens=24, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=sampling)
+    out = []
+    while engine.has_work():
+        for o in engine.step():
+            out += o.tokens
+    return out
+
+
+def test_seeded_requests_ignore_the_shared_pool_and_greedy_ones_use_it(model):
+    """Candidates steer a sampled step's draws: a seeded request must not see other requests' text."""
+    prompt = [5, 0, 1, 5]
+    rng = np.random.default_rng(0)
+    junk = rng.integers(0, V, 3000).tolist()
+    greedy = SamplingParams(0.0, seed=3)
+    for sampling in (SamplingParams(0.9, top_k=6, seed=42), SamplingParams(1.0, seed=7)):
+        clean = _engine_output(Engine(model, EngineConfig(max_batch=2, max_new_tokens=32, shared_pool_cap=0)), prompt, sampling)
+        polluted = Engine(model, EngineConfig(max_batch=2, max_new_tokens=32))
+        polluted.shared_pool.track(3)
+        polluted.shared_pool.add_text(junk)
+        assert _engine_output(polluted, prompt, sampling) == clean
+    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=32))
+    engine.add_request("g", prompt, max_new_tokens=4, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=greedy)
+    assert engine._seqs["g"].shared is engine.shared_pool
+
+
+def test_greedy_is_temperature_zero(model):
+    prompt = torch.tensor([[5, 0, 1, 5]])
+    greedy = generate(model, prompt, max_new_tokens=16, params=LookaheadParams(3, 2, 3), eos_token_id=[]).tokens
+    t0 = generate(model, prompt, max_new_tokens=16, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=SamplingParams(0.0, seed=1)).tokens
+    assert greedy == t0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [({"temperature": -1}, "temperature"), ({"temperature": "hot"}, "temperature"), ({"top_k": -2}, "top_k"),
+     ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"seed": -1}, "seed"), ({"top_k": 2.5}, "top_k")],
+)
+def test_invalid_sampling_params(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**{"temperature": 1.0, **kwargs})

@@ -1,0 +1,239 @@
+"""RequestProcessor with a real AsyncEngine over the tiny fixture model, without Ray."""
+import asyncio
+import copy
+import pickle
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lookahead_core.engine.async_engine import AsyncEngine
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.engine.engine import Engine
+from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.lookahead.sampling import SamplingParams
+from lookahead_core.policy.auto import AutoLookahead
+from lookahead_core.policy.controller import LookaheadPolicy, PolicyConfig
+from lookahead_core.serving import Completion, Delta, RequestError, RequestProcessor, ServeRequest, ServingLimits
+
+from ...conftest import TINY_CHAT_TEMPLATE
+
+LONG = 1000
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    eng = AsyncEngine(Engine(tiny[0], EngineConfig(max_batch=4, max_seq_len=1024, max_new_tokens=LONG, prefill_chunk=32)))
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def one_slot(tiny):
+    """One slot and one waiting place: a long request makes the next one wait, the one after is refused."""
+    eng = AsyncEngine(Engine(tiny[0], EngineConfig(max_batch=1, max_seq_len=1024, max_new_tokens=LONG, max_waiting=1)))
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def proc(tiny):
+    return RequestProcessor(tiny[1], eos_token_ids=[1], limits=ServingLimits(max_prompt_tokens=100, request_timeout_s=60),
+                            model_name="tiny")
+
+
+async def collect(proc, req, engine, auto=None):
+    return [item async for item in proc.run(req, engine, auto)]
+
+
+def run(proc, req, engine, auto=None):
+    """All items of a request, or the RequestError it raised."""
+    try:
+        return asyncio.run(collect(proc, req, engine, auto))
+    except RequestError as err:
+        return err
+
+
+def check_items(items, tok):
+    *deltas, done = items
+    assert isinstance(done, Completion) and all(isinstance(d, Delta) for d in deltas)
+    assert tuple(t for d in deltas for t in d.token_ids) == done.token_ids
+    assert "".join(d.text for d in deltas) == done.text
+    assert sum(1 for d in deltas if d.token_ids) == done.lookahead.steps
+    assert done.usage.completion_tokens == len(done.token_ids)
+    return done
+
+
+def test_outputs_are_exact_with_any_lookahead_and_text_is_one_decode(proc, engine, tiny):
+    tok = tiny[1]
+    results = [check_items(run(proc, ServeRequest(prompt="def add(a, b):", max_new_tokens=24, lookahead=la), engine), tok)
+               for la in ("off", LookaheadParams(4, 3, 3), LookaheadParams(2, 1, 1))]
+    assert results[0].token_ids == results[1].token_ids == results[2].token_ids
+    off, fixed = results[0], results[1]
+    assert off.lookahead.mode == "off" and off.lookahead.n is None
+    assert (fixed.lookahead.mode, fixed.lookahead.n, fixed.lookahead.w, fixed.lookahead.g) == ("fixed", 4, 3, 3)
+    assert fixed.text == tok.decode(list(fixed.token_ids), skip_special_tokens=True)
+    assert fixed.usage.prompt_tokens == len("def add(a, b):") and fixed.finish_reason in ("length", "eos")
+    assert fixed.timings.total_ms >= fixed.timings.ttft_ms > 0
+    ids = run(proc, ServeRequest(input_ids=tok("def add(a, b):")["input_ids"], max_new_tokens=24), engine)
+    assert check_items(ids, tok).token_ids == off.token_ids
+
+
+def test_concurrent_requests(proc, engine, tiny):
+    reqs = [ServeRequest(prompt=p, max_new_tokens=16, lookahead=la)
+            for p, la in [("class A:", "off"), ("for i in", LookaheadParams(5, 4, 4)), ("while", "auto")]]
+
+    async def main():
+        return await asyncio.gather(*(collect(proc, r, engine) for r in reqs))
+
+    together = asyncio.run(main())
+    for req, items in zip(reqs, together):
+        assert check_items(items, tiny[1]).token_ids == check_items(run(proc, req, engine), tiny[1]).token_ids
+
+
+def test_stop_string_cuts_the_text_and_ends_the_request(proc, engine):
+    full = run(proc, ServeRequest(prompt="abc", max_new_tokens=24, lookahead="off"), engine)[-1]
+    assert len(full.text) >= 4
+    stop = full.text[2:4]
+    cut = run(proc, ServeRequest(prompt="abc", max_new_tokens=24, stop=(stop,)), engine)[-1]
+    assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.index(stop)]
+
+
+def test_eos_and_ignore_eos(proc, engine):
+    early = run(proc, ServeRequest(prompt="K", max_new_tokens=20), engine)[-1]
+    assert early.finish_reason == "eos" and early.usage.completion_tokens < 20  # precondition of the fixture model
+    on = run(proc, ServeRequest(prompt="K", max_new_tokens=20, ignore_eos=True), engine)[-1]
+    assert on.finish_reason == "length" and on.usage.completion_tokens == 20
+
+
+def test_seeded_sampling_reproduces(proc, engine):
+    req = ServeRequest(prompt="def h(y):", max_new_tokens=16, sampling=SamplingParams(0.9, top_k=20, seed=11),
+                       lookahead=LookaheadParams(3, 2, 3))
+    assert run(proc, req, engine)[-1].token_ids == run(proc, req, engine)[-1].token_ids
+
+
+def test_chat_template_renders_messages(proc, engine, tiny):
+    msgs = ({"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"})
+    rendered = "<system>be brief\n<user>hi there\n<assistant>"
+    assert proc.tokenize(ServeRequest(messages=msgs)) == tiny[1](rendered)["input_ids"]
+    chat = run(proc, ServeRequest(messages=msgs, max_new_tokens=8), engine)[-1]
+    plain = run(proc, ServeRequest(prompt=rendered, max_new_tokens=8), engine)[-1]
+    assert chat.token_ids == plain.token_ids and chat.usage.prompt_tokens == len(rendered)
+
+
+def test_chat_without_a_template_or_refused_by_it_is_a_400(tiny):
+    tok = copy.deepcopy(tiny[1])
+    tok.chat_template = None
+    req = ServeRequest(messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(RequestError, match="model 'tiny' has no chat template") as err:
+        RequestProcessor(tok, model_name="tiny").tokenize(req)
+    assert err.value.status == 400
+    tok.chat_template = "{{ raise_exception('only one turn, please') }}"
+    with pytest.raises(RequestError, match="refused these messages: only one turn") as err:
+        RequestProcessor(tok).tokenize(req)
+    assert err.value.status == 400
+
+
+@pytest.mark.parametrize("req, status, message", [
+    (ServeRequest(prompt="x" * 150), 400, "the prompt has 150 tokens; this server accepts at most 100"),
+    (ServeRequest(prompt="x", stop=("s",) * 17), 400, "`stop` takes at most 16"),
+    (ServeRequest(prompt="x", stop=("s" * 300,)), 400, "at most 256 characters"),
+    (ServeRequest(prompt="x", max_new_tokens=LONG + 1), 400, f"exceeds this engine's limit of {LONG}"),
+    (ServeRequest(prompt="x", lookahead=LookaheadParams(99, 2, 2)), 400, "n=99 exceeds"),
+    (ServeRequest(input_ids=[1, 5000], max_new_tokens=4), 400, "vocabulary"),
+])
+def test_refusals_are_request_errors(proc, engine, req, status, message):
+    err = run(proc, req, engine)
+    assert isinstance(err, RequestError) and err.status == status and message in err.message, err
+    assert engine.queue_depth() == (0, 0)
+
+
+def long_req(**kw):
+    return ServeRequest(prompt="0123", max_new_tokens=LONG, lookahead="off", ignore_eos=True, **kw)
+
+
+def test_timeouts_partial_408_and_504(proc, one_slot, tiny):
+    part = run(proc, long_req(timeout_s=0.2), one_slot)
+    assert isinstance(part, list) and part[-1].finish_reason == "timeout"
+    assert 0 < part[-1].usage.completion_tokens < LONG
+    capped = RequestProcessor(tiny[1], limits=ServingLimits(request_timeout_s=0.1))
+
+    async def main():
+        busy = proc.run(long_req(), one_slot)
+        await busy.__anext__()  # the only slot is taken
+        try:
+            errors = []
+            for p, req in ((proc, long_req(timeout_s=0.1)), (capped, long_req()), (capped, long_req(timeout_s=5))):
+                try:
+                    await collect(p, req, one_slot)
+                except RequestError as err:
+                    errors.append(err)
+            return errors
+        finally:
+            await busy.aclose()
+
+    own, server, capped_own = asyncio.run(main())
+    assert own.status == 408 and "(its timeout_s) before its first token" in own.message
+    assert server.status == 504 and "the server's request_timeout_s" in server.message
+    assert capped_own.status == 504  # the server's ceiling came first
+
+
+def test_overload_is_a_503_and_abort_stays_abort(proc, one_slot):
+    async def main():
+        first = proc.run(long_req(request_id="first"), one_slot)
+        await first.__anext__()
+        second = proc.run(long_req(), one_slot)
+        waiting = asyncio.ensure_future(second.__anext__())  # takes the one waiting place
+        await asyncio.sleep(0.05)
+        with pytest.raises(RequestError) as err:
+            await collect(proc, long_req(), one_slot)
+        one_slot.abort("first")
+        rest = [item async for item in first]
+        await waiting
+        await second.aclose()
+        return err.value, rest
+
+    err, rest = asyncio.run(main())
+    assert err.status == 503 and "overloaded" in err.message
+    assert isinstance(rest[-1], Completion) and rest[-1].finish_reason == "abort"
+
+
+def test_failed_step_is_a_500_and_the_engine_serves_on(proc, tiny):
+    fail = {"on": True}
+
+    def before_step(engine):
+        if fail["on"]:
+            fail["on"] = False
+            raise RuntimeError("boom")
+
+    eng = AsyncEngine(Engine(tiny[0], EngineConfig(max_batch=2, max_seq_len=256, max_new_tokens=16)), before_step)
+    try:
+        err = run(proc, ServeRequest(prompt="x", max_new_tokens=4), eng)
+        assert isinstance(err, RequestError) and err.status == 500 and "boom" in err.message
+        assert run(proc, ServeRequest(prompt="x", max_new_tokens=4), eng)[-1].usage.completion_tokens >= 1
+    finally:
+        eng.shutdown()
+
+
+def test_auto_lookahead_reports_the_routers_choice_and_forgets_the_request(proc, engine):
+    auto = AutoLookahead(LookaheadPolicy(PolicyConfig(policy="fixed", fixed={"n": 3, "w": 3, "g": 3})))
+    req = ServeRequest(prompt="def f(x):", max_new_tokens=12)
+    done = run(proc, req, engine, auto)[-1]
+    assert (done.lookahead.mode, done.lookahead.n, done.lookahead.w, done.lookahead.g) == ("auto", 3, 3, 3)
+    assert req.request_id not in auto.auto_ids
+    assert done.token_ids == run(proc, ServeRequest(prompt="def f(x):", max_new_tokens=12, lookahead="off"), engine)[-1].token_ids
+
+
+def test_items_survive_pickling(proc, engine):
+    items = run(proc, ServeRequest(prompt="abc", max_new_tokens=6), engine)
+    assert pickle.loads(pickle.dumps(items)) == items
+    err = RequestError(503, "busy", param="p", code="overloaded", type="server_error")
+    back = pickle.loads(pickle.dumps(err))
+    assert back == err and (back.status, back.message, back.param, back.code, back.type) == (503, "busy", "p", "overloaded", "server_error")

@@ -43,8 +43,10 @@ def parse_lookahead(value):
     raise ValueError(f"must be \"auto\", \"off\" or an object with n, w, g, got {type(value).__name__}")
 
 
+# The schema documents LookaheadParams' bounds for clients; LookaheadParams alone enforces them.
 _NWG = {"type": "object", "additionalProperties": False, "required": ["n", "w", "g"],
-        "properties": {k: {"type": "integer"} for k in "nwg"}}
+        "properties": {"n": {"type": "integer", "minimum": 2}, "w": {"type": "integer", "minimum": 1},
+                       "g": {"type": "integer", "minimum": 0}}}
 Lookahead = Annotated[
     Literal["auto", "off"] | LookaheadParams, BeforeValidator(parse_lookahead),
     WithJsonSchema({"anyOf": [{"enum": ["auto", "off"], "type": "string"}, _NWG],
@@ -60,9 +62,10 @@ class _Common(BaseModel):
     timeout_s: float | None = Field(
         None, gt=0, le=86400, description="end the request after this many seconds (capped by the server's limit)"
     )
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
+    # json_schema_extra documents SamplingParams' bounds in the OpenAPI schema; SamplingParams checks them.
+    top_k: int = Field(0, json_schema_extra={"minimum": 0})
+    top_p: float = Field(1.0, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
+    seed: int | None = Field(None, json_schema_extra={"minimum": 0})
     _request: ServeRequest | None = PrivateAttr(None)
 
     @field_validator("temperature", "top_k", "top_p", "seed", check_fields=False)
@@ -119,7 +122,7 @@ def _messages(messages: list[ChatMessage] | None) -> tuple[Message, ...] | None:
 
 class GenerateRequest(_Common):
     model_config = ConfigDict(extra="forbid")
-    temperature: float | None = None
+    temperature: float | None = Field(None, json_schema_extra={"minimum": 0, "maximum": 100})
     prompt: str | None = None
     input_ids: list[int] | None = None
     messages: list[ChatMessage] | None = Field(None, description="chat turns, formatted by the model's chat template")
@@ -167,7 +170,7 @@ class _OpenAIRequest(_Common):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(1.0, le=2)
+    temperature: float | None = Field(1.0, le=2, json_schema_extra={"minimum": 0})
     ignore_eos: bool = False
     user: str | None = None  # an end-user identifier: accepted and ignored
 
@@ -209,7 +212,7 @@ class CompletionRequest(_OpenAIRequest):
 
 
 class ChatRequest(_OpenAIRequest):
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] = Field(json_schema_extra={"minItems": 1})
     max_tokens: int | None = Field(None, ge=1, description="deprecated by OpenAI: `max_completion_tokens`")
     max_completion_tokens: int | None = Field(None, ge=1)
 

@@ -95,10 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     from lookahead_core.cli.prompt_sets import read_prompt_set
     from lookahead_core.engine.engine import Engine
     from lookahead_core.engine.model_runner import ModelRunner
-    from lookahead_core.models.loading import load_model
+    from lookahead_core.models.loading import DEFAULT_MODEL, load_model
 
     ap = argparse.ArgumentParser(prog="python -m lookahead_core.cli.profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--out", required=True)
     ap.add_argument("--prompts", default="benchmarks/prompts/code.jsonl")
     ap.add_argument("--chat", action="store_true", help="send each prompt as a user turn through the chat template")

@@ -16,3 +16,21 @@ def test_compression_is_measured_with_the_shared_pool_a_replica_keeps():
     assert shared[1].compression == shared[2].compression  # cleared between settings
     assert shared[1].compression > alone[1].compression * 1.3
     assert 1 < alone[1].step_tokens <= params[0].max_step_tokens
+
+
+def test_profile_cli_writes_a_profile_the_policy_can_load(tmp_path):
+    import json
+
+    from lookahead_core.cli.profile import main
+    from lookahead_core.policy.cost_profile import StepCostProfile
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"input_ids": [3 + i, 9, 4, 7]}) for i in range(3)))
+    out = tmp_path / "profile.yaml"
+    assert main(["--model", "random:tiny", "--dtype", "float32", "--prompts", str(prompts), "--num-prompts", "2",
+                 "--batch-sizes", "1,2", "--tokens", "1,4", "--settings", "3,2,2", "--repeats", "1",
+                 "--max-new-tokens", "4", "--out", str(out)]) == 0
+    profile = StepCostProfile.load(out)
+    assert profile.dtype == "float32" and profile.batch_sizes == [1, 2] and profile.tokens == [1, 4]
+    assert [s.label for s in profile.settings] == ["plain", "(3,2,2)"]
+    assert all(ms > 0 for row in profile.latency_ms for ms in row)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.exceptions import RayError
@@ -141,6 +142,22 @@ async def openai_events(items, head: dict, chat: bool, include_usage: bool) -> A
 
 
 # The ingress only awaits I/O: it asks Ray for no CPU, so the model replica can have every core.
+def _openapi_naming(model_name: str):
+    """The OpenAPI schema with the one `model` id the OpenAI routes accept, so clients and
+    generators see it (any other id is a 404)."""
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            for body in ("CompletionRequest", "ChatRequest"):
+                props = schema.get("components", {}).get("schemas", {}).get(body, {}).get("properties", {})
+                if "model" in props:
+                    props["model"] = {"anyOf": [{"type": "string", "enum": [model_name]}, {"type": "null"}],
+                                      "title": "Model", "description": "the served model id (GET /v1/models)"}
+            app.openapi_schema = schema
+        return app.openapi_schema
+    return openapi
+
+
 @serve.deployment(name="LookaheadAPI", max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
 class LookaheadAPI:
@@ -155,6 +172,7 @@ class LookaheadAPI:
             open_paths=frozenset(guard.get("open_paths", ("/health",))),
             max_body_bytes=guard.get("max_body_bytes", 1 << 20),
         )
+        app.openapi = _openapi_naming(model_name)
 
     async def _open(self, req: ServeRequest):
         """Start a generation and return its items (Delta..., Completion); raises the RequestError

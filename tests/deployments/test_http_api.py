@@ -32,6 +32,10 @@ def test_health_and_models(server):
     assert h["dtype"] == "float32" and h["device"] == "cpu" and h["torch_threads"] >= 1
     m = requests.get(server + "/v1/models", timeout=10).json()
     assert m["data"][0]["id"] == "tiny"
+    # the schema names the one model id the OpenAI routes accept
+    spec = requests.get(server + "/openapi.json", timeout=10).json()["components"]["schemas"]
+    for body in ("CompletionRequest", "ChatRequest"):
+        assert spec[body]["properties"]["model"]["anyOf"][0]["enum"] == ["tiny"]
 
 
 def test_generate_matches_the_library(server, local):

@@ -61,7 +61,6 @@ class Engine:
             raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the model's context length {ctx}")
         self.runner.check_length(self.max_seq_len)
         cfg, r = self.config, self.runner
-        self.max_tokens = max(cfg.max_step_tokens, cfg.prefill_chunk)
         capacity = self.max_seq_len + cfg.max_step_tokens
         self.cache = BatchKVCache(r.num_layers, cfg.max_batch, capacity, r.device)
         self.buffers = BatchStepBuffers(cfg.max_batch, cfg.max_step_tokens, capacity, r.dtype, r.device)
@@ -222,10 +221,7 @@ class Engine:
             buf.write_block(b, start, seq.layout.mask_template[:n, :n], width)
         buf.to_device(rows, width)
         kv_len = max(lengths[:rows]) + width
-        if rows == 1:  # one sequence: a contiguous write, no scatter
-            cache.prepare_slot(0, lengths[0], width)
-        else:
-            cache.prepare_rows(rows, buf.dev[2, :rows, :width], kv_len)
+        cache.prepare_rows(rows, buf.dev[2, :rows, :width], kv_len)
         t1 = time.perf_counter()
         pred, logits = self.runner.forward(buf.dev[0, :rows, :width], buf.dev[1, :rows, :width], buf.mask[:rows, :, :width, :kv_len], cache)
         self.forward_s += time.perf_counter() - t1
@@ -235,17 +231,14 @@ class Engine:
             row, accepted = seq.accept(pred[b], logits[b] if seq.sampling is not None else None)
             start = lengths[b]
             moved = len(accepted) - 1  # the accepted candidate's rows move right behind the last token
-            if rows == 1 and moved:
-                cache.move_tokens(0, start + row, start + 1, moved)
-            elif moved:
+            if moved:
                 slots.extend([b] * moved)
                 src.extend(range(start + row, start + row + moved))
                 dst.extend(range(start + 1, start + 1 + moved))
             lengths[b] = start + len(accepted)
             outputs.append(StepOutput(seq.seq_id, accepted, seq.finish_reason, _stats(seq) if seq.finished else {}))
         if slots:
-            moves = torch.tensor([slots, src, dst], device=self.runner.device)
-            cache.compact(moves[0], moves[1], moves[2])
+            cache.move_entries(slots, src, dst)
         return outputs
 
     def _retire(self) -> None:

@@ -81,9 +81,13 @@ class BatchKVCache(Cache):
         self.kv_len = start + tokens
 
     def prepare_rows(self, hi: int, write_index: torch.Tensor, kv_len: int) -> None:
-        """The next forward covers slots [0, hi); row r writes its tokens at write_index[r]."""
+        """The next forward covers slots [0, hi); row r writes its tokens at write_index[r], which
+        starts at the row's committed length."""
         if kv_len > self.capacity:
             raise RuntimeError(f"KV cache overflow: {kv_len} tokens > capacity {self.capacity}")
+        if hi == 1:  # one sequence: a contiguous write at its length, no index scatter
+            self.prepare_slot(0, self.lengths[0], kv_len - self.lengths[0])
+            return
         self.rows = (0, hi)
         self.write_start = None
         self.write_rows = self._row_ids[:hi, None]
@@ -96,6 +100,15 @@ class BatchKVCache(Cache):
             if layer.is_initialized:
                 layer.keys[slots, :, dst] = layer.keys[slots, :, src]
                 layer.values[slots, :, dst] = layer.values[slots, :, src]
+
+    def move_entries(self, slots: list[int], src: list[int], dst: list[int]) -> None:
+        """Move entries (slots[i], src[i]) to (slots[i], dst[i]), grouped by slot with src and dst
+        consecutive within a slot (a step's accepted block): one slot's block is a slice copy."""
+        if slots[0] == slots[-1]:
+            self.move_tokens(slots[0], src[0], dst[0], len(src))
+            return
+        moves = torch.tensor([slots, src, dst], device=self.device)
+        self.compact(moves[0], moves[1], moves[2])
 
     def move_tokens(self, slot: int, src: int, dst: int, count: int) -> None:
         """Move `count` entries of one slot from `src` to `dst` (a contiguous copy, no index tensors)."""

@@ -51,3 +51,25 @@ def test_move_tokens_moves_a_contiguous_run_of_one_slot():
     assert layer.keys[0].abs().sum() == 0  # other slots untouched
     cache.move_tokens(1, src=5, dst=4, count=3)  # overlapping ranges move as a block
     assert layer.keys[1, 0, 4:7, 0].tolist() == [5, 6, 3]
+
+
+def test_move_entries_of_one_slot_or_several_land_in_the_same_place():
+    step = torch.arange(8, dtype=torch.float32).view(1, 1, 8, 1).expand(2, 2, 8, 4).contiguous()
+    results = []
+    for slots, src, dst in (([1, 1], [9, 10], [5, 6]), ([0, 1, 1], [9, 9, 10], [5, 5, 6])):
+        cache = BatchKVCache(num_layers=1, max_batch=2, capacity=16)
+        cache.lengths[:] = [4, 4]
+        cache.prepare_rows(2, torch.tensor([[4 + i for i in range(8)]] * 2), kv_len=12)
+        cache.update(step, -step, layer_idx=0)
+        cache.move_entries(slots, src, dst)
+        results.append(cache.layers[0].keys[1, 0, 4:7, 0].tolist())
+    assert results == [[0, 5, 6], [0, 5, 6]]
+
+
+def test_one_row_writes_contiguously_at_its_length():
+    cache = BatchKVCache(num_layers=1, max_batch=2, capacity=16)
+    cache.lengths[0] = 5
+    cache.prepare_rows(1, torch.tensor([[5, 6, 7]]), kv_len=8)
+    assert cache.write_start == 5 and cache.rows == (0, 1) and cache.kv_len == 8
+    k, _ = cache.update(_kv(1, 3, 2), _kv(1, 3, -2), layer_idx=0)
+    assert k.shape[2] == 8 and k[0, 0, 5:8, 0].tolist() == [2, 2, 2]

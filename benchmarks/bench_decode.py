@@ -12,6 +12,7 @@ and, with --fp32-reference, against HF greedy in float32 (how far bf16 itself mo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import statistics
@@ -62,8 +63,8 @@ def parse_configs(spec: str, pool: str, pld: str, sampling: bool, plain: bool = 
         params = LookaheadParams.parse(item)
         for from_prompt in pools:
             suffix = "" if len(pools) == 1 else ("+prompt" if from_prompt else "-prompt")
-            p = LookaheadParams(params.n, params.w, params.g, from_prompt)
-            configs.append(Config(f"la({p.n},{p.w},{p.g}){suffix}", "lookahead", p))
+            p = dataclasses.replace(params, pool_from_prompt=from_prompt)
+            configs.append(Config(f"la{p.label}{suffix}", "lookahead", p))
     return configs
 
 

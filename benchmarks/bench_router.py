@@ -133,12 +133,16 @@ def main(argv=None) -> dict:
                   f"{r['throughput_tok_s']:>8.0f}{r['goodput_tok_s']:>9.0f}{r['slo_attainment']:>8.0%}  {r['choices']}")
     g, p = results["goodput"], results["plain"]
     fixed_names = [k for k in results if k.startswith("fixed")]
+
+    def ratio(a: float, b: float) -> float | None:  # None where the baseline met no SLO at all
+        return a / b if b > 0 else None
+
     checks = {
         "low_load_p50_vs_plain": g[rates[0]]["p50_latency_s"] / p[rates[0]]["p50_latency_s"],
         "p50_vs_plain": {str(rate): g[rate]["p50_latency_s"] / p[rate]["p50_latency_s"] for rate in rates},
         "high_load_throughput_vs_plain": g[rates[-1]]["throughput_tok_s"] / p[rates[-1]]["throughput_tok_s"],
         "goodput_vs_best_fixed_or_plain": {
-            str(rate): g[rate]["goodput_tok_s"] / max(results[k][rate]["goodput_tok_s"] for k in fixed_names + ["plain"])
+            str(rate): ratio(g[rate]["goodput_tok_s"], max(results[k][rate]["goodput_tok_s"] for k in fixed_names + ["plain"]))
             for rate in rates
         },
     }

@@ -19,7 +19,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
 
-from lookahead_core.serving import Completion, Delta, RequestError, ServeRequest
+from lookahead_core.serving import Completion, Delta, RequestError, ServeRequest, Usage
 
 from .guard import GuardConfig, RequestGuard
 from .protocol import (
@@ -32,6 +32,8 @@ from .protocol import (
     openai_body,
     openai_chunk,
     openai_usage_chunk,
+    total_usage,
+    usage,
 )
 
 app = FastAPI(title="lookahead-serve", description="Exact Lookahead Decoding on Ray Serve")
@@ -93,14 +95,17 @@ async def _closing(events: AsyncIterator[bytes], items) -> AsyncIterator[bytes]:
         await items.aclose()
 
 
-async def _completion(items) -> Completion:
-    """Drain a generation to its Completion; raises its RequestError."""
+async def _completions(items, n: int = 1) -> list[Completion]:
+    """Drain a generation to its n Completions; raises its RequestError."""
+    done: list[Completion] = []
     try:
         async for item in items:
             if isinstance(item, RequestError):
                 raise item
             if isinstance(item, Completion):
-                return item
+                done.append(item)
+                if len(done) == n:
+                    return done
     finally:
         await items.aclose()
     raise NO_RESULT
@@ -120,24 +125,38 @@ async def generate_events(items) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
-async def openai_events(items, head: dict, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    """SSE chunks as OpenAI streams them; with include_usage every chunk has `usage: null` and a
-    last chunk with no choices carries the usage."""
+async def openai_events(items, head: dict, chat: bool, include_usage: bool, n: int = 1,
+                        continuous_usage: bool = False) -> AsyncIterator[bytes]:
+    """SSE chunks as OpenAI streams them, each naming its choice; with include_usage every chunk
+    has `usage: null` (with continuous_usage: the usage so far) and a last chunk with no choices
+    carries the usage of all choices."""
+    so_far: dict[int, Usage] = {}
+
     def event(chunk: dict) -> bytes:
+        if continuous_usage and so_far:
+            return _sse({**chunk, "usage": usage(total_usage(list(so_far.values())))})
         return _sse({**chunk, "usage": None} if include_usage else chunk)
 
     if chat:
-        yield event(openai_chunk(head, chat, role=True))
+        for i in range(n):
+            yield event(openai_chunk(head, chat, role=True, index=i))
+    done: list[Completion] = []
+    offsets = [0] * n  # characters of each choice's logprob tokens so far, for text_offset
     async for item in items:
         if isinstance(item, RequestError):
             yield stream_error(item)
             return
+        if item.usage is not None:
+            so_far[item.index] = item.usage
         if isinstance(item, Completion):
-            yield event(openai_chunk(head, chat, finish=OPENAI_FINISH[item.finish_reason]))
-            if include_usage:
-                yield _sse(openai_usage_chunk(head, chat, item.usage))
-        elif item.text:
-            yield event(openai_chunk(head, chat, text=item.text))
+            done.append(item)
+            yield event(openai_chunk(head, chat, finish=OPENAI_FINISH[item.finish_reason], index=item.index))
+        elif item.text or item.logprobs:
+            yield event(openai_chunk(head, chat, text=item.text, index=item.index, logprobs=item.logprobs,
+                                     offset=offsets[item.index]))
+            offsets[item.index] += sum(len(lp.token) for lp in item.logprobs or ())
+    if include_usage and done:
+        yield _sse(openai_usage_chunk(head, chat, total_usage([c.usage for c in done])))
     yield b"data: [DONE]\n\n"
 
 
@@ -229,7 +248,7 @@ class LookaheadAPI:
         items = await self._open(req.to_request())
         if req.stream:
             return StreamingResponse(_closing(generate_events(items), items), media_type="text/event-stream")
-        return generate_body(await _completion(items))
+        return generate_body((await _completions(items))[0])
 
     # ---- OpenAI-compatible ------------------------------------------------------------------
 
@@ -241,9 +260,9 @@ class LookaheadAPI:
         head = {"id": ("chatcmpl-" if chat else "cmpl-") + request.request_id[:24], "created": int(time.time()),
                 "model": self.model_name}
         if req.stream:
-            events = openai_events(items, head, chat, req.include_usage)
+            events = openai_events(items, head, chat, req.include_usage, req.n, req.continuous_usage)
             return StreamingResponse(_closing(events, items), media_type="text/event-stream")
-        return openai_body(head, await _completion(items), chat)
+        return openai_body(head, await _completions(items, req.n), chat)
 
     @app.post("/v1/completions")
     async def completions(self, req: CompletionRequest):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -18,9 +18,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from lookahead_core.engine.logprobs import MAX_TOP_LOGPROBS
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
-from lookahead_core.serving import Completion, Message, RequestError, ServeRequest, Usage
+from lookahead_core.serving import Completion, Logprob, Message, RequestError, ServeRequest, Usage
+from lookahead_core.serving.request import MAX_CHOICES
 
 
 def refuse(param: str | None, message: str, code: str | None = None) -> PydanticCustomError:
@@ -138,13 +140,12 @@ class GenerateRequest(_Common):
 
 # OpenAI request fields this server does not implement, each with its one "not used" value
 # besides null, false and empty. Any other value is refused with 400 naming the field: a client
-# must never believe it got tools, logprobs or penalties it did not get. (`user` only identifies the
+# must never believe it got tools, penalties or a format it did not get. (`user` only identifies the
 # end user: it is a declared field, accepted and ignored. Fields nobody declared are ignored, as in vLLM.)
 UNSUPPORTED: dict[str, object] = {
     "tools": None, "tool_choice": "none", "functions": None, "function_call": "none",
-    "response_format": {"type": "text"}, "logit_bias": None, "logprobs": None, "top_logprobs": 0,
-    "echo": None, "best_of": 1, "suffix": None, "presence_penalty": 0, "frequency_penalty": 0, "n": 1,
-    "audio": None, "modalities": ["text"], "prediction": None,
+    "response_format": {"type": "text"}, "logit_bias": None, "best_of": 1, "suffix": None,
+    "presence_penalty": 0, "frequency_penalty": 0, "audio": None, "modalities": ["text"], "prediction": None,
     # vLLM's sampling extensions, which clients written for vLLM send
     "repetition_penalty": 1.0, "min_p": 0, "min_tokens": 0, "stop_token_ids": None,
 }
@@ -157,8 +158,12 @@ def _is_off(value, off) -> bool:
 
 
 class StreamOptions(BaseModel):
+    """`continuous_usage_stats` (a vLLM extension, which GuideLLM sends): every chunk carries the
+    usage so far."""
+
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class _OpenAIRequest(_Common):
@@ -174,11 +179,14 @@ class _OpenAIRequest(_Common):
     ignore_eos: bool = False
     user: str | None = None  # an end-user identifier: accepted and ignored
 
+    _unsupported: ClassVar[dict[str, object]] = UNSUPPORTED
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="independent choices (a seed gives choice i seed + i)")
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, body):
         if isinstance(body, dict):
-            for field, off in UNSUPPORTED.items():
+            for field, off in cls._unsupported.items():
                 if not _is_off(body.get(field), off):
                     also = "" if off is None else f" (other than {json.dumps(off)})"
                     raise refuse(field, f"`{field}`{also} is not supported by this server", "unsupported_parameter")
@@ -194,31 +202,49 @@ class _OpenAIRequest(_Common):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def _openai_request(self, token_limit: int, **prompt) -> ServeRequest:
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
+    def _openai_request(self, token_limit: int, logprobs: int | None, echo: bool = False, **prompt) -> ServeRequest:
         stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         return ServeRequest(**prompt, max_new_tokens=token_limit, stop=stop, lookahead=self.lookahead,
-                            sampling=self.sampling(), timeout_s=self.timeout_s, ignore_eos=self.ignore_eos)
+                            sampling=self.sampling(), timeout_s=self.timeout_s, ignore_eos=self.ignore_eos,
+                            logprobs=logprobs, echo=echo, n=self.n)
 
 
 class CompletionRequest(_OpenAIRequest):
-    prompt: str | list[str]
+    """`prompt`: a string, token ids, or a list of one of either (one prompt per request)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=5, description="log-probabilities of each token and this many alternatives")
+    echo: bool = Field(False, description="the prompt first in the text (and, with logprobs, the prompt's logprobs)")
 
     def _serve_request(self) -> ServeRequest:
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise RequestError(400, "batched prompts are not supported: send one prompt per request", "prompt")
-        text = self.prompt[0] if isinstance(self.prompt, list) else self.prompt
-        return self._openai_request(self.max_tokens or 16, prompt=text)  # OpenAI's default, also for null
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise RequestError(400, "batched prompts are not supported: send one prompt per request", "prompt")
+            prompt = prompt[0]
+        given = {"prompt": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
+        return self._openai_request(self.max_tokens or 16, self.logprobs, self.echo, **given)  # OpenAI's default, also for null
 
 
 class ChatRequest(_OpenAIRequest):
+    _unsupported: ClassVar[dict[str, object]] = {**UNSUPPORTED, "echo": None}
     messages: list[ChatMessage] = Field(json_schema_extra={"minItems": 1})
     max_tokens: int | None = Field(None, ge=1, description="deprecated by OpenAI: `max_completion_tokens`")
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = Field(False, description="log-probabilities of the output tokens")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="alternatives per token; needs logprobs")
 
     def _serve_request(self) -> ServeRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise RequestError(400, "`top_logprobs` needs `logprobs: true`", "top_logprobs")
         limit = self.max_completion_tokens or self.max_tokens or 128
-        return self._openai_request(limit, messages=_messages(self.messages))
+        return self._openai_request(limit, (self.top_logprobs or 0) if self.logprobs else None,
+                                    messages=_messages(self.messages))
 
 
 # ---- responses ----------------------------------------------------------------------------------
@@ -243,24 +269,58 @@ def usage(u: Usage) -> dict:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
 
 
-def openai_body(head: dict, c: Completion, chat: bool) -> dict:
-    finish = OPENAI_FINISH[c.finish_reason]
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": c.text}, "logprobs": None, "finish_reason": finish}
-    else:
-        choice = {"index": 0, "text": c.text, "logprobs": None, "finish_reason": finish}
+def total_usage(usages: list[Usage]) -> Usage:
+    """One prompt, every choice's tokens."""
+    return Usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages))
+
+
+def completion_logprobs(lps: tuple[Logprob, ...], offset: int = 0) -> dict:
+    """The completions API's logprobs; `text_offset` counts characters from the start of the
+    choice's text (`offset`: what came before this chunk). Each `top_logprobs` entry holds the
+    alternatives and the token itself, as vLLM returns them; a prompt's first token has none."""
+    offsets = []
+    for lp in lps:
+        offsets.append(offset)
+        offset += len(lp.token)
+    return {"tokens": [lp.token for lp in lps], "token_logprobs": [lp.logprob for lp in lps],
+            "top_logprobs": [None if lp.logprob is None else {**dict(lp.top), lp.token: lp.logprob} for lp in lps],
+            "text_offset": offsets}
+
+
+def chat_logprobs(lps: tuple[Logprob, ...]) -> dict:
+    def entry(token: str, logprob: float) -> dict:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+    return {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in lps]}
+
+
+def _logprobs(lps: tuple[Logprob, ...] | None, chat: bool, offset: int = 0) -> dict | None:
+    if lps is None:
+        return None
+    return chat_logprobs(lps) if chat else completion_logprobs(lps, offset)
+
+
+def openai_body(head: dict, completions: list[Completion], chat: bool) -> dict:
+    """The whole response: one choice per Completion (n of them), usage over all."""
+    choices = []
+    for c in sorted(completions, key=lambda c: c.index):
+        choice = {"index": c.index, "logprobs": _logprobs(c.logprobs, chat), "finish_reason": OPENAI_FINISH[c.finish_reason]}
+        choice.update({"message": {"role": "assistant", "content": c.text}} if chat else {"text": c.text})
+        choices.append(choice)
     kind = "chat.completion" if chat else "text_completion"
-    return {**head, "object": kind, "choices": [choice], "usage": usage(c.usage),
-            "lookahead": asdict(c.lookahead)}
+    return {**head, "object": kind, "choices": choices, "usage": usage(total_usage([c.usage for c in completions])),
+            "lookahead": asdict(completions[0].lookahead)}
 
 
-def openai_chunk(head: dict, chat: bool, text: str | None = None, finish: str | None = None, role: bool = False) -> dict:
-    """One streamed chunk: a role announcement, a text delta, or the finish (OpenAI's reason given)."""
+def openai_chunk(head: dict, chat: bool, text: str | None = None, finish: str | None = None, role: bool = False,
+                 index: int = 0, logprobs: tuple[Logprob, ...] | None = None, offset: int = 0) -> dict:
+    """One streamed chunk of choice `index`: a role announcement, a text delta (with its tokens'
+    logprobs), or the finish (OpenAI's reason given)."""
+    lps = _logprobs(logprobs, chat, offset)
     if chat:
         delta = {"role": "assistant"} if role else ({} if text is None else {"content": text})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}
         return {**head, "object": "chat.completion.chunk", "choices": [choice]}
-    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    choice = {"index": index, "text": text or "", "logprobs": lps, "finish_reason": finish}
     return {**head, "object": "text_completion", "choices": [choice]}
 
 

@@ -35,6 +35,8 @@ class AddCommand:
     eos_token_id: int | Iterable[int] | None
     stop_token_ids: Iterable[int]
     sampling: SamplingParams | None
+    logprobs: int | None
+    prompt_logprobs: int | None
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     accepted: asyncio.Future
@@ -87,6 +89,8 @@ class AsyncEngine:
         request_id: str | None = None,
         sampling: SamplingParams | None = None,
         timeout_s: float | None = None,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
     ) -> AsyncIterator[StepOutput]:
         """Yield one `StepOutput` per engine step that accepted tokens for this request.
 
@@ -100,7 +104,7 @@ class AsyncEngine:
         queue: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
         self._submit(AddCommand(seq_id, list(prompt), max_new_tokens, params, eos_token_id, stop_token_ids, sampling,
-                                loop, queue, accepted))
+                                logprobs, prompt_logprobs, loop, queue, accepted))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -175,7 +179,8 @@ class AsyncEngine:
                 try:
                     engine.add_request(cmd.seq_id, cmd.prompt, max_new_tokens=cmd.max_new_tokens, params=cmd.params,
                                        eos_token_id=cmd.eos_token_id, stop_token_ids=cmd.stop_token_ids,
-                                       sampling=cmd.sampling)
+                                       sampling=cmd.sampling, logprobs=cmd.logprobs,
+                                       prompt_logprobs=cmd.prompt_logprobs)
                 except Exception as exc:
                     _call_soon(cmd.loop, _settle, cmd.accepted, exc)
                     continue

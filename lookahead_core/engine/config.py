@@ -19,6 +19,7 @@ class EngineConfig(BaseModel):
     max_n: int = Field(8, ge=2)
     max_w: int = Field(16, ge=1)
     max_g: int = Field(16, ge=0)
+    max_lookup: int = Field(16, ge=0, description="longest prompt-lookup candidate a request may ask for")
     shared_pool_cap: int = Field(
         8, ge=0, description="continuations per token in the replica's shared n-gram pool of finished requests' text; 0 turns it off"
     )
@@ -29,11 +30,13 @@ class EngineConfig(BaseModel):
 
     @property
     def max_step_tokens(self) -> int:
-        return LookaheadParams(self.max_n, self.max_w, self.max_g).max_step_tokens
+        return LookaheadParams(self.max_n, self.max_w, self.max_g, lookup=self.max_lookup).max_step_tokens
 
     def check_params(self, params: LookaheadParams | None) -> None:
         if params is None:
             return
-        for name, value, limit in (("n", params.n, self.max_n), ("w", params.w, self.max_w), ("g", params.g, self.max_g)):
+        limits = (("n", params.n, self.max_n), ("w", params.w, self.max_w), ("g", params.g, self.max_g),
+                  ("lookup", params.lookup, self.max_lookup))
+        for name, value, limit in limits:
             if value > limit:
                 raise ValueError(f"lookahead {name}={value} exceeds this engine's limit of {limit}")

@@ -11,6 +11,7 @@ import torch
 
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.kv_cache import BatchKVCache
+from lookahead_core.engine.logprobs import TokenLogprob, check_top, token_logprobs
 from lookahead_core.engine.model_runner import ModelRunner
 from lookahead_core.engine.scheduler import Scheduler
 from lookahead_core.engine.sequence import Sequence, Status
@@ -31,6 +32,8 @@ class StepOutput:
     tokens: list[int]
     finish_reason: str | None = None
     stats: dict = field(default_factory=dict)
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output; the first token has none
 
 
 def _stats(seq: Sequence) -> dict:
@@ -89,8 +92,13 @@ class Engine:
         eos_token_id: int | Iterable[int] | None = None,
         stop_token_ids: Iterable[int] = (),
         sampling: SamplingParams | None = None,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
     ) -> None:
-        """Queue a request; raises ValueError (bad request) or EngineOverloaded (queue full)."""
+        """Queue a request; raises ValueError (bad request) or EngineOverloaded (queue full).
+
+        logprobs / prompt_logprobs: report each new / prompt token's log-probability with that
+        many most likely alternatives (0: the token's own only; None: not at all)."""
         if seq_id in self._seqs:
             raise ValueError(f"request id {seq_id!r} is already in the engine")
         prompt = [int(t) for t in prompt]
@@ -101,6 +109,8 @@ class Engine:
         self.config.check_params(params)
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be SamplingParams or None, got {type(sampling).__name__}")
+        check_top("logprobs", logprobs)
+        check_top("prompt_logprobs", prompt_logprobs)
         stop = StopCondition.build(max_new_tokens, eos_token_id, stop_token_ids)
         if max_new_tokens > self.config.max_new_tokens:
             raise ValueError(f"max_new_tokens={max_new_tokens} exceeds this engine's limit of {self.config.max_new_tokens}")
@@ -117,6 +127,9 @@ class Engine:
         if len(sched.waiting) >= self.config.max_waiting + max(free, 0):
             raise EngineOverloaded(f"{len(sched.waiting)} requests are already waiting for a slot")
         seq = Sequence(seq_id, prompt, params, stop, self.runner.layout, sampling, self.shared_pool)
+        seq.logprobs, seq.prompt_logprobs = logprobs, prompt_logprobs
+        if prompt_logprobs is not None:
+            seq.prompt_lp = [None]
         self._seqs[seq_id] = seq
         self.scheduler.add(seq)
 
@@ -197,8 +210,11 @@ class Engine:
             m = self._prefill_mask[0, 0]
             m[:n, start : start + n].copy_(self._causal[:n, :n])
             self.cache.prepare_slot(slot, start, n)
-            self.runner.prefill(ids, start, self.cache, self._prefill_mask[:, :, :n, : start + n])
+            top = seq.prompt_logprobs
+            logits = self.runner.prefill(ids, start, self.cache, self._prefill_mask[:, :, :n, : start + n], all_logits=top is not None)
             m[:n, start : start + n].zero_()
+            if top is not None:  # row i predicts prompt token start + i + 1
+                seq.prompt_lp += token_logprobs(logits[0], range(n), seq.tokens[start + 1 : start + n + 1], top)
         self.prefill_s += time.perf_counter() - t0
         self.cache.lengths[slot] = start + n
         if self.scheduler.prefill_done(n) is not None:
@@ -213,12 +229,15 @@ class Engine:
         for b, seq in enumerate(running):
             n, start = widths[b], lengths[b]
             pos = buf.pos[b]
-            np.add(seq.layout.offsets[:n], start, out=pos[:n])
+            np.add(seq.offsets[:n], start, out=pos[:n])
             pos[n:width] = start
             np.minimum(pos[:width], self._max_position, out=pos[:width])
             buf.ids[b, n:width] = 0
             np.add(buf.arange[:width], start, out=buf.write_index[b, :width])
             buf.write_block(b, start, seq.layout.mask_template[:n, :n], width)
+            tree = seq.tree
+            if tree.size > 1:
+                buf.write_tree(b, seq.layout.cand_start, tree.visible[: tree.size, : tree.size])
         buf.to_device(rows, width)
         kv_len = max(lengths[:rows]) + width
         cache.prepare_rows(rows, buf.dev[2, :rows, :width], kv_len)
@@ -228,15 +247,19 @@ class Engine:
 
         outputs, slots, src, dst = [], [], [], []
         for b, seq in enumerate(running):
-            row, accepted = seq.accept(pred[b], logits[b] if seq.sampling is not None else None)
+            rows, accepted = seq.accept(pred[b], logits[b] if seq.sampling is not None else None)
             start = lengths[b]
-            moved = len(accepted) - 1  # the accepted candidate's rows move right behind the last token
-            if moved:
-                slots.extend([b] * moved)
-                src.extend(range(start + row, start + row + moved))
-                dst.extend(range(start + 1, start + 1 + moved))
+            if rows:  # the accepted candidate's rows move right behind the last token
+                slots.extend([b] * len(rows))
+                src.extend(start + r for r in rows)
+                dst.extend(range(start + 1, start + 1 + len(rows)))
             lengths[b] = start + len(accepted)
-            outputs.append(StepOutput(seq.seq_id, accepted, seq.finish_reason, _stats(seq) if seq.finished else {}))
+            out = StepOutput(seq.seq_id, accepted, seq.finish_reason, _stats(seq) if seq.finished else {})
+            if seq.logprobs is not None:
+                out.logprobs = token_logprobs(logits[b], [0, *rows], accepted, seq.logprobs)
+            if seq.prompt_lp is not None:
+                out.prompt_logprobs, seq.prompt_lp = seq.prompt_lp, None
+            outputs.append(out)
         if slots:
             cache.move_entries(slots, src, dst)
         return outputs

@@ -60,10 +60,10 @@ def single_request_engine(
         runner.check_length(prompt_len + max_new_tokens)
     if params is not None and not isinstance(params, LookaheadParams):
         raise TypeError(f"params must be LookaheadParams or None, got {type(params).__name__}")
-    p = params or LookaheadParams(2, 1, 0)
+    p = params or LookaheadParams(2, 1, 0, lookup=0)
     new = max_new_tokens if isinstance(max_new_tokens, int) and max_new_tokens >= 1 else 1
     config = EngineConfig(max_batch=1, max_seq_len=max(2, prompt_len + new), max_new_tokens=new,
-                          prefill_chunk=max(1, prompt_len - 1), max_waiting=0, max_n=p.n, max_w=p.w, max_g=p.g,
+                          prefill_chunk=max(1, prompt_len - 1), max_waiting=0, max_n=p.n, max_w=p.w, max_g=p.g, max_lookup=p.lookup,
                           shared_pool_cap=shared_pool_cap)
     return Engine(runner, config)
 

@@ -102,9 +102,9 @@ class BatchKVCache(Cache):
                 layer.values[slots, :, dst] = layer.values[slots, :, src]
 
     def move_entries(self, slots: list[int], src: list[int], dst: list[int]) -> None:
-        """Move entries (slots[i], src[i]) to (slots[i], dst[i]), grouped by slot with src and dst
-        consecutive within a slot (a step's accepted block): one slot's block is a slice copy."""
-        if slots[0] == slots[-1]:
+        """Move entries (slots[i], src[i]) to (slots[i], dst[i]), src[i] >= dst[i]. One slot whose
+        src rows are consecutive (a chain of the step's tree) is a slice copy."""
+        if slots[0] == slots[-1] and src[-1] - src[0] == len(src) - 1:
             self.move_tokens(slots[0], src[0], dst[0], len(src))
             return
         moves = torch.tensor([slots, src, dst], device=self.device)

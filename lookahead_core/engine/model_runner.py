@@ -27,8 +27,8 @@ class ModelRunner:
         self._layouts: dict[LookaheadParams | None, StepLayout] = {}
 
     def layout(self, params: LookaheadParams | None) -> StepLayout:
-        """The step layout for `params`, built once per (N, W, G) on this model's dtype and device."""
-        key = None if params is None else LookaheadParams(params.n, params.w, params.g)
+        """The step layout for `params`, built once per (N, W, G, lookup) on this model's dtype and device."""
+        key = None if params is None else LookaheadParams(params.n, params.w, params.g, lookup=params.lookup)
         lay = self._layouts.get(key)
         if lay is None:
             lay = self._layouts[key] = StepLayout(key, self.dtype, self.device)
@@ -51,12 +51,16 @@ class ModelRunner:
                 f"window of {self.sliding_window}; sliding-window masks are not supported yet"
             )
 
-    def prefill(self, input_ids: torch.Tensor, start: int, cache, mask: torch.Tensor | None = None) -> None:
-        """Write the keys of `input_ids` [B, T] at positions start.. into the cache; no logits are
-        needed, so only the last row's are computed. Without `mask` the model applies its causal mask."""
-        kwargs = {"logits_to_keep": 1} if self._takes_logits_to_keep else {}
+    def prefill(self, input_ids: torch.Tensor, start: int, cache, mask: torch.Tensor | None = None,
+                all_logits: bool = False) -> torch.Tensor:
+        """Write the keys of `input_ids` [B, T] at positions start.. into the cache. Unless
+        `all_logits` (prompt logprobs), only the last row's logits are computed. Without `mask` the
+        model applies its causal mask."""
+        kwargs = {"logits_to_keep": 0 if all_logits else 1} if self._takes_logits_to_keep else {}
         positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
-        self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True, **kwargs)
+        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
+                         use_cache=True, **kwargs)
+        return out.logits
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache) -> tuple[list, torch.Tensor]:
         """Logits [B, T, V] and the greedy next token after every input position, as host lists

@@ -13,7 +13,8 @@ from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams, verify_sampling, warp
 from lookahead_core.lookahead.shared_pool import SharedNGramPool
 from lookahead_core.lookahead.stopping import StopCondition
-from lookahead_core.lookahead.verify import verify_greedy
+from lookahead_core.lookahead.suffix_index import SuffixIndex
+from lookahead_core.lookahead.tree import CandidateTree
 from lookahead_core.lookahead.window import LookaheadWindow
 
 
@@ -26,10 +27,11 @@ class Status(enum.Enum):
 class Sequence:
     """Plans the step rows of one request and takes the model's outputs for them.
 
-    The last accepted token is never in the KV cache: each step feeds it first. Changing the
-    lookahead params rebuilds the window and pool from the tokens so far; exactness does not
-    depend on them, only speed does. Candidate slots its own pool leaves empty are filled from
-    the replica's `shared` pool, if given.
+    The last accepted token is never in the KV cache: each step feeds it first. Verification
+    candidates come, in order of priority, from prompt lookup over the request's own text, its
+    n-gram pool (Jacobi window and text) and the replica's `shared` pool for the slots left,
+    merged into one prefix tree. Changing the lookahead params rebuilds the window, pool and
+    index from the tokens so far; exactness does not depend on them, only speed does.
     """
 
     def __init__(
@@ -53,16 +55,18 @@ class Sequence:
         self.steps = 0
         self.planned_tokens = 0  # step rows fed to the model, for the profile's mean step width
         self.accepted_histogram: dict[int, int] = {}
+        self.logprobs: int | None = None  # alternatives to report per new token; None: no logprobs
+        self.prompt_logprobs: int | None = None
+        self.prompt_lp: list | None = None  # prompt logprobs gathered during prefill, until the first output
         self._layout_for = layout_for
         self.sampling = sampling if sampling is not None and not sampling.greedy else None
         # Seeded requests draw from their own stream, so they reproduce whatever else is batched.
         self.rng = np.random.default_rng(sampling.seed if sampling is not None else None)
-        self._candidates: list[tuple[int, ...]] = []
         # Which candidates a sampled step verifies steers its random draws, so a seeded request
         # keeps to its own pool: its output then depends on its seed alone.
         self.shared = shared if self.sampling is None or self.sampling.seed is None else None
         self.params: LookaheadParams | None = None
-        self.layout = layout_for(None)
+        self._set_layout(None)
         self.set_params(params)
 
     @property
@@ -77,14 +81,23 @@ class Sequence:
         if params == self.params:
             return
         self.params = params
-        self.layout = self._layout_for(params)
+        self._set_layout(params)
         if params is not None:
             self.window = LookaheadWindow(params.n, params.w, self.tokens)
             self.pool = NGramPool(params.n, params.g)
             if params.pool_from_prompt:
                 self.pool.add_sequence(self.tokens)
+            self.suffix = SuffixIndex(params.lookup_match) if params.lookup else None
+            if self.suffix is not None:
+                self.suffix.extend(self.tokens)
             if self.shared is not None:
                 self.shared.track(params.n)
+
+    def _set_layout(self, params: LookaheadParams | None) -> None:
+        self.layout = lay = self._layout_for(params)
+        # Step positions: the layout's for the last token and window, tree depths after them.
+        self.offsets = lay.offsets.copy()
+        self.tree = CandidateTree(lay.max_tree_rows)
 
     def plan(self, ids: np.ndarray) -> int:
         """Write this step's tokens [last | window | candidates] into `ids`; return how many."""
@@ -92,31 +105,38 @@ class Sequence:
         last = self.tokens[-1]
         ids[0] = last
         if self.params is None:
-            self._candidates = []
             self.planned_tokens += 1
             return 1
-        cands = self.pool.lookup(last)[: lay.g]
-        if self.shared is not None and len(cands) < lay.g:
-            self.shared.fill(lay.n, last, cands, lay.g)
-        self._candidates = cands
+        cands = []
+        if self.suffix is not None and (copied := self.suffix.propose(self.tokens, self.params.lookup)):
+            cands.append(copied)
+        g = len(cands) + lay.g
+        cands.extend(self.pool.lookup(last)[: lay.g])
+        if self.shared is not None and len(cands) < g:
+            self.shared.fill(lay.n, last, cands, g)
+        tree = self.tree
+        rows = tree.build(cands)
         ids[lay.window_start : lay.cand_start] = self.window.flat()
-        n_tok = lay.step_tokens(len(cands))
-        if cands:
-            ids[lay.cand_start : n_tok] = [t for cand in cands for t in cand]
+        n_tok = lay.cand_start + rows
+        ids[lay.cand_start : n_tok] = tree.tokens[:rows]
+        self.offsets[lay.cand_start : n_tok] = tree.depth[:rows]
         self.planned_tokens += n_tok
         return n_tok
 
-    def accept(self, pred: Seq[int], logits=None) -> tuple[int, list[int]]:
+    def accept(self, pred: Seq[int], logits=None) -> tuple[list[int], list[int]]:
         """Verify against the step's outputs (argmax per row; the logits rows [T, V] when
-        sampling); returns (step row of the accepted candidate's first token, or -1, the new
-        tokens after stop rules)."""
-        lay = self.layout
+        sampling); returns (step rows of the accepted candidate tokens, the new tokens after stop
+        rules)."""
+        lay, tree = self.layout, self.tree
         if self.sampling is None:
-            chosen, accepted = verify_greedy(pred, self._candidates, lay.cand_start)
+            rows, accepted = tree.walk_greedy(pred, lay.cand_start)
+            rows = [lay.cand_start + r for r in rows]
         else:
-            rows = logits.float().cpu().numpy() if hasattr(logits, "numpy") else logits
+            dists = logits.float().cpu().numpy() if hasattr(logits, "numpy") else logits
             params = self.sampling
-            chosen, accepted = verify_sampling(lambda r: warp(rows[r], params), self._candidates, lay.cand_start, self.rng)
+            paths = [[lay.cand_start + r for r in path] for path in tree.paths]
+            chosen, accepted = verify_sampling(lambda r: warp(dists[r], params), tree.candidates, paths, self.rng)
+            rows = paths[chosen] if chosen >= 0 else []
         accepted, self.finish_reason = self.stop.clip(accepted, len(self.tokens) - self.prompt_len)
         before = len(self.tokens)
         self.tokens.extend(accepted)
@@ -126,8 +146,10 @@ class Sequence:
                 pool.add(ngram[0], ngram[1:])
             if self.params.pool_from_prompt:
                 pool.add_sequence(self.tokens, start=before - self.params.n + 1)
+            if self.suffix is not None:
+                self.suffix.extend(self.tokens)
         self.steps += 1
         self.accepted_histogram[len(accepted)] = self.accepted_histogram.get(len(accepted), 0) + 1
         if self.finished:
             self.status = Status.FINISHED
-        return (lay.candidate_row(chosen) if chosen >= 0 else -1), accepted
+        return rows[: len(accepted) - 1], accepted

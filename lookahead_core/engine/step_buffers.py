@@ -46,6 +46,14 @@ class BatchStepBuffers:
             m[n:width, start + n : start + width].diagonal().zero_()
         self.blocks[slot] = (start, width)
 
+    def write_tree(self, slot: int, row: int, visible: np.ndarray) -> None:
+        """Let the candidate tree's rows, from step row `row` of the block just written, see their
+        ancestors (the template already gives them the last token and themselves)."""
+        k = visible.shape[0]
+        col = self.blocks[slot][0] + row
+        block = self.mask[slot, 0, row : row + k, col : col + k]
+        block.masked_fill_(torch.from_numpy(visible).to(block.device, non_blocking=True), 0.0)
+
     def to_device(self, rows: int, width: int) -> None:
         if self.dev is not self.host:
             self.dev[:, :rows, :width].copy_(self.host[:, :rows, :width], non_blocking=True)

@@ -8,28 +8,31 @@ from lookahead_core.lookahead.params import LookaheadParams
 
 
 class StepLayout:
-    """Token order of one step: [last token | window levels 0..n-2 | candidates 0..g-1].
+    """Token order of one step: [last token | window levels 0..n-2 | candidate tree rows].
 
-    The mask and position offsets are built once for the full layout. A step with c < g
-    candidates uses the top-left corner of the template, because candidates come last and see
-    nothing but the last token and their own prefix. `params=None` is plain decoding: one token.
+    The mask and position offsets of the last token and the window are built once. Tree rows see
+    the last token and their own ancestors, which change every step: the template gives them
+    column 0 and the diagonal, and the step adds the ancestors from its `CandidateTree`.
+    `params=None` is plain decoding: one token.
     """
 
     def __init__(self, params: LookaheadParams | None, dtype: torch.dtype, device: torch.device | str) -> None:
         self.params = params
-        n, w, g = (params.n, params.w, params.g) if params is not None else (2, 0, 0)
-        self.n, self.w, self.g = n, w, g
+        n, w = (params.n, params.w) if params is not None else (2, 0)
+        self.n, self.w = n, w
+        self.g = params.g if params is not None else 0
         self.window_start = 1
         self.window_len = (n - 1) * w
         self.cand_start = 1 + self.window_len
-        self.cand_len = n - 1
-        self.max_tokens = self.cand_start + g * self.cand_len
+        self.max_tree_rows = params.max_candidate_tokens if params is not None else 0
+        self.max_tokens = self.cand_start + self.max_tree_rows
         # Rows whose outputs become the window's next level.
         self.newest_level_start = self.window_start + (n - 2) * w
 
         visible = np.zeros((self.max_tokens, self.max_tokens), dtype=bool)
         offsets = np.zeros(self.max_tokens, dtype=np.int64)
         visible[:, 0] = True
+        np.fill_diagonal(visible, True)
         for level in range(n - 1):
             for j in range(w):
                 row = self._window_index(level, j)
@@ -39,11 +42,6 @@ class StepLayout:
                     visible[row, self._window_index(0, i)] = True
                 for up in range(1, level + 1):
                     visible[row, self._window_index(up, j)] = True
-        for c in range(g):
-            for i in range(self.cand_len):
-                row = self.cand_start + c * self.cand_len + i
-                offsets[row] = 1 + i
-                visible[row, self.cand_start + c * self.cand_len : row + 1] = True
         self.visible = visible
         self.offsets = offsets
         self.mask_template = torch.full(visible.shape, torch.finfo(dtype).min, dtype=dtype, device=device)
@@ -51,9 +49,3 @@ class StepLayout:
 
     def _window_index(self, level: int, j: int) -> int:
         return self.window_start + level * self.w + j
-
-    def step_tokens(self, n_candidates: int) -> int:
-        return self.cand_start + n_candidates * self.cand_len
-
-    def candidate_row(self, c: int) -> int:
-        return self.cand_start + c * self.cand_len

@@ -19,6 +19,8 @@ class LookaheadParams:
     w: window width, future positions decoded in parallel by the lookahead branch.
     g: verification candidates per step, and the pool's cap per key.
     pool_from_prompt: also harvest n-grams from the prompt and the accepted output.
+    lookup: longest candidate copied from the request's own text after an earlier occurrence of
+        its last `lookup_match` tokens (prompt lookup); 0 turns it off.
     """
 
     # Defaults: the best setting on chat text with the default model in bf16 on the 2-core CPU
@@ -27,29 +29,44 @@ class LookaheadParams:
     w: int = 2
     g: int = 2
     pool_from_prompt: bool = True
+    lookup: int = 8
+    lookup_match: int = 2
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 2)
         _check_int("w", self.w, 1)
         _check_int("g", self.g, 0)
+        _check_int("lookup", self.lookup, 0)
+        _check_int("lookup_match", self.lookup_match, 1)
         if not isinstance(self.pool_from_prompt, bool):
             raise ValueError(f"lookahead pool_from_prompt must be a bool, got {self.pool_from_prompt!r}")
 
     @classmethod
     def parse(cls, text: str) -> LookaheadParams:
-        """ "4,3,3" -> LookaheadParams(4, 3, 3), with a clear message for anything else."""
+        """ "4,3,3" -> LookaheadParams(4, 3, 3); "4,3,3,0" also sets `lookup`."""
         parts = text.strip().strip("()").split(",")
         try:
-            n, w, g = (int(x) for x in parts)
+            values = [int(x) for x in parts]
         except ValueError:
-            raise ValueError(f"lookahead setting must be three integers N,W,G, got {text!r}") from None
-        return cls(n, w, g)
+            values = []
+        if len(values) not in (3, 4):
+            raise ValueError(f"lookahead setting must be three integers N,W,G (and optionally LOOKUP), got {text!r}")
+        return cls(*values[:3]) if len(values) == 3 else cls(*values[:3], lookup=values[3])
+
+    @property
+    def label(self) -> str:
+        return f"({self.n},{self.w},{self.g})" if self.lookup == LookaheadParams.lookup else f"({self.n},{self.w},{self.g},{self.lookup})"
 
     @property
     def window_tokens(self) -> int:
         return (self.n - 1) * self.w
 
     @property
+    def max_candidate_tokens(self) -> int:
+        """Verification rows: g pooled candidates of n - 1 tokens and one prompt-lookup candidate."""
+        return self.g * (self.n - 1) + self.lookup
+
+    @property
     def max_step_tokens(self) -> int:
-        """Tokens in one forward: last token, window, and g candidates of n - 1 tokens."""
-        return 1 + self.window_tokens + self.g * (self.n - 1)
+        """Tokens in one forward: last token, window and verification rows."""
+        return 1 + self.window_tokens + self.max_candidate_tokens

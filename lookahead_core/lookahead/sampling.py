@@ -59,24 +59,28 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
 def verify_sampling(
     dist_at: Callable[[int], np.ndarray],
     candidates: Sequence[Sequence[int]],
-    cand_start: int,
+    rows: Sequence[Sequence[int]],
     rng: np.random.Generator,
 ) -> tuple[int, list[int]]:
     """Accept candidate tokens so that the output follows the model's warped distribution.
 
     `dist_at(row)` is the warped next-token distribution after the token at step row `row` (row
-    0: the last accepted token). At each depth every distinct token of the surviving candidates is
-    tried in order: accepted with probability p(token); on rejection its mass is removed and the
-    rest renormalised. With no survivor the next token is drawn from what remains; after a full
-    candidate, from the distribution after its last token. Returns (candidate index or -1, tokens).
+    0: the last accepted token); `rows[c][d]` is the step row of token d of candidate c
+    (candidates of any length; a shared prefix may share rows). At each depth every distinct
+    token of the surviving candidates is tried in order: accepted with probability p(token); on
+    rejection its mass is removed and the rest renormalised. With no survivor the next token is
+    drawn from what remains; after a full candidate, from the distribution after its last token.
+    Returns (candidate index or -1, tokens).
     """
     alive = list(range(len(candidates)))
     p = dist_at(0).copy()
     accepted: list[int] = []
     chosen = -1
     depth = 0
-    length = len(candidates[0]) if candidates else 0
-    while alive and depth < length:
+    while alive:
+        alive = [g for g in alive if len(candidates[g]) > depth]
+        if not alive:
+            break
         tried: set[int] = set()
         hit = None
         base = p.copy()
@@ -99,7 +103,7 @@ def verify_sampling(
         alive = [g for g in alive if candidates[g][depth] == hit]
         chosen = alive[0]
         accepted.append(hit)
-        p = dist_at(cand_start + chosen * length + depth).copy()
+        p = dist_at(rows[chosen][depth]).copy()
         depth += 1
     accepted.append(sample(p, rng))
     return chosen, accepted

@@ -24,17 +24,6 @@ def finish_reason(engine_reason: str | None) -> FinishReason:
 
 
 @dataclass(frozen=True)
-class Delta:
-    """One engine step's accepted tokens and the text they settled (possibly empty: held back)."""
-
-    token_ids: tuple[int, ...]
-    text: str
-
-    def to_dict(self) -> dict:
-        return {"token_ids": list(self.token_ids), "text": self.text}
-
-
-@dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
@@ -42,6 +31,37 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One token as text with its log-probability under the model's raw distribution (before any
+    sampling warp; None for a prompt's first token) and its most likely alternatives, best first."""
+
+    token: str
+    token_id: int
+    logprob: float | None
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One engine step's accepted tokens and the text they settled (possibly empty: held back).
+
+    `index` is the choice it belongs to (a request with n > 1); `logprobs` has one entry per
+    token when the request asked. With echo, the first Delta of a choice is the prompt itself."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    index: int = 0
+    logprobs: tuple[Logprob, ...] | None = None
+    usage: Usage | None = None  # of this choice so far
+
+    def to_dict(self) -> dict:
+        out = {"token_ids": list(self.token_ids), "text": self.text}
+        if self.index:
+            out["index"] = self.index
+        return out
 
 
 @dataclass(frozen=True)
@@ -77,6 +97,8 @@ class Completion:
     usage: Usage
     lookahead: LookaheadSummary
     timings: Timings
+    index: int = 0
+    logprobs: tuple[Logprob, ...] | None = None  # of `text`'s tokens (with echo: the prompt's first)
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:
@@ -85,6 +107,7 @@ class Completion:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["token_ids"] = list(self.token_ids)
+        del out["logprobs"], out["index"]
         return out
 
 

@@ -1,6 +1,8 @@
 """One request through the engine: tokens in, text deltas and a completion out, errors as HTTP statuses."""
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -10,11 +12,13 @@ from jinja2 import TemplateError
 
 from lookahead_core.engine.async_engine import AsyncEngine, RequestTimeout
 from lookahead_core.engine.engine import EngineOverloaded
+from lookahead_core.engine.logprobs import TokenLogprob
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.policy.auto import AutoLookahead
 from lookahead_core.serving.outputs import (
     Completion,
     Delta,
+    Logprob,
     LookaheadSummary,
     RequestError,
     Timings,
@@ -85,15 +89,66 @@ class RequestProcessor:
 
     # ---- the request ----------------------------------------------------------------------------
 
+    def token_text(self, token_id: int) -> str:
+        """One token as text (a piece of a multi-byte character comes out as U+FFFD; an id the
+        tokenizer has no piece for, as "")."""
+        tok = self.tokenizer
+        piece = tok.convert_ids_to_tokens(token_id)
+        return "" if piece is None else tok.convert_tokens_to_string([piece])
+
+    def _logprobs(self, items: Iterable[TokenLogprob | None], token_ids: Iterable[int]) -> tuple[Logprob, ...]:
+        return tuple(
+            Logprob(self.token_text(t), t, None) if lp is None else
+            Logprob(self.token_text(t), t, lp.logprob, tuple((self.token_text(i), v) for i, v in lp.top))
+            for lp, t in zip(items, token_ids)
+        )
+
     async def run(self, req: ServeRequest, engine: AsyncEngine,
                   auto: AutoLookahead | None = None) -> AsyncIterator[Delta | Completion]:
         """Yield a Delta per engine step that accepted tokens (and one for text held to the end),
-        then the Completion. Raises RequestError: 400 for a request the server or engine refuses,
-        503 when the engine's queue is full, 408/504 for a deadline passed before the first token,
-        500 when a step failed. `auto` picks (N, W, G) for lookahead "auto" (default params without it)."""
-        t0 = time.perf_counter()
+        then the Completion; with n > 1, the choices' items interleaved as they come, each
+        Completion last for its index. Raises RequestError: 400 for a request the server or engine
+        refuses, 503 when the engine's queue is full, 408/504 for a deadline passed before the
+        first token, 500 when a step failed. `auto` picks (N, W, G) for lookahead "auto" (default
+        params without it)."""
         self.check_stops(req.stop)
         prompt = self.tokenize(req)
+        if req.n == 1:
+            async for item in self._run_one(req, prompt, 0, engine, auto):
+                yield item
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def choice(i: int) -> None:
+            sampling = req.sampling
+            if sampling is not None and sampling.seed is not None:
+                sampling = dataclasses.replace(sampling, seed=sampling.seed + i)
+            sub = dataclasses.replace(req, n=1, sampling=sampling, request_id=f"{req.request_id}-{i}")
+            try:
+                async for item in self._run_one(sub, prompt, i, engine, auto):
+                    await queue.put(item)
+            except RequestError as err:
+                await queue.put(err)
+            except Exception as exc:  # a choice must never leave the merge waiting
+                await queue.put(RequestError(500, f"generation failed: {exc}"))
+
+        tasks = [asyncio.create_task(choice(i)) for i in range(req.n)]
+        try:
+            done = 0
+            while done < req.n:
+                item = await queue.get()
+                if isinstance(item, RequestError):
+                    raise item
+                done += isinstance(item, Completion)
+                yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run_one(self, req: ServeRequest, prompt: list[int], index: int, engine: AsyncEngine,
+                       auto: AutoLookahead | None) -> AsyncIterator[Delta | Completion]:
+        t0 = time.perf_counter()
         if req.mode == "auto":
             params = auto.register(req.request_id) if auto is not None else LookaheadParams()
         else:
@@ -101,18 +156,29 @@ class RequestProcessor:
         timeout_s = self.timeout(req)
         stream = engine.generate(prompt, max_new_tokens=req.max_new_tokens, params=params,
                                  eos_token_id=() if req.ignore_eos else self.eos, request_id=req.request_id,
-                                 sampling=req.sampling, timeout_s=timeout_s)
+                                 sampling=req.sampling, timeout_s=timeout_s, logprobs=req.logprobs,
+                                 prompt_logprobs=req.logprobs if req.echo else None)
         text = TextStream(self.tokenizer, req.stop)
         tokens: list[int] = []
+        logprobs: list[Logprob] | None = None if req.logprobs is None else []
+        echoed = ""
         steps, ttft, reason = 0, None, None
         try:
             async for out in stream:
+                if req.echo and not steps:
+                    echoed = req.prompt if req.prompt is not None else self.tokenizer.decode(prompt)
+                    lps = None if logprobs is None else self._logprobs(out.prompt_logprobs, prompt)
+                    logprobs = None if lps is None else [*lps]
+                    yield Delta((), echoed, index, lps, Usage(len(prompt), 0))
                 if out.tokens:
                     steps += 1
                     ttft = ttft if ttft is not None else time.perf_counter() - t0
                     tokens.extend(out.tokens)
                     delta, hit = text.push(out.tokens)
-                    yield Delta(tuple(out.tokens), delta)
+                    lps = None if logprobs is None else self._logprobs(out.logprobs, out.tokens)
+                    if lps is not None:
+                        logprobs.extend(lps)
+                    yield Delta(tuple(out.tokens), delta, index, lps, Usage(len(prompt), len(tokens)))
                     if hit:
                         reason = "stop"
                         break
@@ -140,14 +206,16 @@ class RequestProcessor:
                 auto.forget(req.request_id)
         tail = text.flush()
         if tail:
-            yield Delta((), tail)
+            yield Delta((), tail, index, None, Usage(len(prompt), len(tokens)))
         total = time.perf_counter() - t0
         chosen = auto.current if req.mode == "auto" and auto is not None else params
         yield Completion(
-            text=text.text,
+            text=echoed + text.text,
             token_ids=tuple(tokens),
             finish_reason=finish_reason(reason),
             usage=Usage(len(prompt), len(tokens)),
             lookahead=LookaheadSummary.of(req.mode, chosen, steps, len(tokens)),
             timings=Timings(round(1000 * (ttft if ttft is not None else total), 2), round(1000 * total, 2)),
+            index=index,
+            logprobs=None if logprobs is None else tuple(logprobs),
         )

@@ -6,11 +6,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lookahead_core.engine.logprobs import MAX_TOP_LOGPROBS
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.serving.outputs import LookaheadMode, RequestError
 
 PROMPT_FIELDS = ("prompt", "input_ids", "messages")
+MAX_CHOICES = 16
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,10 @@ class ServeRequest:
 
     lookahead: "auto" (the replica's router picks (N, W, G) each step), "off", or fixed params.
     sampling: None is greedy decoding. timeout_s: the client's own deadline (the server may cap it).
-    ignore_eos: decode past EOS up to max_new_tokens. Rules on (N, W, G) live in LookaheadParams and
+    ignore_eos: decode past EOS up to max_new_tokens. logprobs: return each token's log-probability
+    with that many alternatives (None: none). echo: the prompt comes first in the text (and in the
+    logprobs). n: independent choices, decoded side by side (a seed gives choice i seed + i).
+    Rules on (N, W, G) live in LookaheadParams and
     on sampling in SamplingParams; this class checks the prompt and the types, and raises
     RequestError (400) naming the field.
     """
@@ -48,6 +53,9 @@ class ServeRequest:
     sampling: SamplingParams | None = None
     timeout_s: float | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None
+    echo: bool = False
+    n: int = 1
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
@@ -82,6 +90,13 @@ class ServeRequest:
         if self.sampling is not None and not isinstance(self.sampling, SamplingParams):
             raise RequestError(400, f"`sampling` must be SamplingParams or None, got {type(self.sampling).__name__}",
                                "sampling")
+        lp = self.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS):
+            raise RequestError(400, f"`logprobs` must be an integer in [0, {MAX_TOP_LOGPROBS}], got {lp!r}", "logprobs")
+        if not isinstance(self.echo, bool):
+            raise RequestError(400, f"`echo` must be a boolean, got {self.echo!r}", "echo")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_CHOICES:
+            raise RequestError(400, f"`n` must be an integer in [1, {MAX_CHOICES}], got {self.n!r}", "n")
         t = self.timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
             raise RequestError(400, f"`timeout_s` must be > 0, got {self.timeout_s!r}", "timeout_s")

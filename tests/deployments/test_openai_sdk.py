@@ -99,13 +99,9 @@ def test_tools_are_refused_by_name(client):
     (True, "function_call", "auto"),
     (True, "response_format", {"type": "json_object"}),
     (True, "logit_bias", {"5": 10}),
-    (True, "logprobs", True),
-    (True, "top_logprobs", 2),
     (True, "presence_penalty", 0.5),
     (True, "frequency_penalty", -1),
-    (True, "n", 2),
-    (False, "logprobs", 0),
-    (False, "echo", True),
+    (True, "echo", True),
     (False, "best_of", 2),
     (False, "suffix", "}"),
 ])
@@ -162,3 +158,105 @@ def test_every_error_is_the_openai_envelope(server, method, path, body, status, 
     err = r.json()["error"]
     assert err.keys() == {"message", "type", "param", "code"}
     assert err["message"] and err["type"] == "invalid_request_error" and err["param"] == param
+
+
+def test_completion_logprobs_are_the_models(client):
+    r = client.completions.create(model="tiny", prompt="def g():", max_tokens=10, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    choice = r.choices[0]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 10
+    assert " ".join(lp.tokens) == choice.text  # the tiny word-level tokenizer decodes with spaces between tokens
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(10)]
+    for tok, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        # alternatives whose text is the same (ids the tiny tokenizer has no piece for) share a key
+        assert value <= 0 and 1 <= len(top) <= 4 and top[tok] == value
+        assert value == max(top.values())  # greedy: the chosen token is the most likely
+
+
+def test_completion_echo_with_prompt_logprobs_and_token_id_prompts(client):
+    r = client.completions.create(model="tiny", prompt="abcd", max_tokens=2, temperature=0, logprobs=1, echo=True,
+                                  extra_body={"ignore_eos": True})
+    choice = r.choices[0]
+    assert choice.text.startswith("abcd") and len(choice.logprobs.tokens) == 4 + 2
+    assert choice.logprobs.tokens[:4] == list("abcd")
+    assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.top_logprobs[0] is None
+    assert all(v <= 0 for v in choice.logprobs.token_logprobs[1:])
+    # the same prompt as token ids (how lm-eval sends it) gives the same numbers
+    ids = client.completions.create(model="tiny", prompt=[[ord(c) for c in "abcd"]], max_tokens=2, temperature=0,
+                                    logprobs=1, echo=True, extra_body={"ignore_eos": True}).choices[0]
+    assert ids.logprobs.tokens == choice.logprobs.tokens
+    assert ids.logprobs.token_logprobs[1:] == pytest.approx(choice.logprobs.token_logprobs[1:], abs=1e-5)
+
+
+def test_chat_logprobs_with_top_alternatives(client):
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True,
+                                       top_logprobs=5, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 6 and " ".join(c.token for c in content) == r.choices[0].message.content
+    for c in content:
+        assert len(c.top_logprobs) == 5 and c.top_logprobs[0].logprob == pytest.approx(c.logprob)
+        assert c.bytes == list(c.token.encode())
+        assert [t.logprob for t in c.top_logprobs] == sorted((t.logprob for t in c.top_logprobs), reverse=True)
+
+
+def test_streamed_logprobs_equal_the_whole(client):
+    kwargs = {"model": "tiny", "messages": MESSAGES, "max_tokens": 6, "temperature": 0, "logprobs": True,
+              "top_logprobs": 2, "extra_body": {"ignore_eos": True}}
+    whole = client.chat.completions.create(**kwargs).choices[0].logprobs.content
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    streamed = [c for chunk in chunks for choice in chunk.choices if choice.logprobs for c in choice.logprobs.content]
+    assert [c.token for c in streamed] == [c.token for c in whole]
+    assert [c.logprob for c in streamed] == pytest.approx([c.logprob for c in whole], abs=1e-5)
+
+
+def test_n_choices_with_their_own_seeds(client):
+    kwargs = {"model": "tiny", "prompt": "abc", "max_tokens": 8, "temperature": 1.0, "seed": 7,
+              "extra_body": {"ignore_eos": True}}
+    r = client.completions.create(**kwargs, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.completion_tokens == 3 * 8
+    texts = [c.text for c in r.choices]
+    assert len(set(texts)) > 1  # independent seed streams
+    assert texts[0] == client.completions.create(**kwargs).choices[0].text  # choice 0 uses the seed itself
+    streamed = list(client.completions.create(**kwargs, n=3, stream=True, stream_options={"include_usage": True}))
+    by_index = {i: "".join(c.choices[0].text for c in streamed[:-1] if c.choices[0].index == i) for i in range(3)}
+    assert list(by_index.values()) == texts and streamed[-1].usage.completion_tokens == 24
+
+
+def test_chat_n_choices(client):
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in r.choices] == [0, 1] and r.choices[0].message.content == r.choices[1].message.content
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"logprobs": 6}, "logprobs"),
+    ({"n": 0}, "n"),
+    ({"n": 17}, "n"),
+    ({"best_of": 2}, "best_of"),
+])
+def test_completion_bounds_are_400_naming_the_field(client, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny", prompt="abc", max_tokens=2, **kwargs)
+    assert err.value.param == param
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"extra_body": {"echo": True}}, "echo"),
+])
+def test_chat_logprob_rules_are_400_naming_the_field(client, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2, **kwargs)
+    assert err.value.param == param
+
+
+def test_continuous_usage_stats_count_up_in_every_chunk(client):
+    """vLLM's extension, which GuideLLM sends with every streamed request."""
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_completion_tokens=6, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True}))
+    counts = [c.usage.completion_tokens for c in chunks if c.usage is not None and c.choices]
+    assert counts and counts == sorted(counts) and counts[-1] == 6
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6

@@ -40,7 +40,7 @@ def test_lookahead_equals_hf_greedy(arch, attn):
             assert res.tokens == ref, f"{arch}/{attn} N,W,G={n},{w},{g} prompt len {len(prompt)}"
             assert res.stats.new_tokens == MAX_NEW
             assert sum(k * v for k, v in res.stats.accepted_histogram.items()) == MAX_NEW
-            assert max(res.stats.accepted_histogram) <= n
+            assert max(res.stats.accepted_histogram) <= max(n, LookaheadParams().lookup + 1)
             multi_token_steps += sum(v for k, v in res.stats.accepted_histogram.items() if k > 1)
     # The random model must not loop, or n-gram hits would be cheap and hide bugs.
     assert sum(distinct) / len(distinct) > 0.6, distinct

@@ -55,6 +55,6 @@ def test_sequence_params_change_rebuilds_lookahead_state():
     seq = _seq("a", 6)
     assert seq.params is None and seq.layout.max_tokens == 1
     seq.set_params(LookaheadParams(3, 2, 2))
-    assert seq.layout.max_tokens == 1 + 4 + 4 and seq.window.levels and seq.pool.lookup(1) == [(2, 3)]
+    assert seq.layout.max_tokens == 1 + 4 + 4 + 8 and seq.window.levels and seq.pool.lookup(1) == [(2, 3)]
     seq.set_params(None)
     assert seq.layout.max_tokens == 1

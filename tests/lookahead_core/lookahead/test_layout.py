@@ -5,16 +5,15 @@ from lookahead_core import LookaheadParams
 from lookahead_core.lookahead.layout import StepLayout
 
 
-def _layout(n, w, g):
-    return StepLayout(LookaheadParams(n, w, g), torch.float32, "cpu")
+def _layout(n, w, g, lookup=0):
+    return StepLayout(LookaheadParams(n, w, g, lookup=lookup), torch.float32, "cpu")
 
 
 def test_sizes_and_rows():
-    lay = _layout(4, 3, 2)
-    assert lay.window_len == 9 and lay.cand_start == 10 and lay.max_tokens == 16
+    lay = _layout(4, 3, 2, lookup=5)
+    assert lay.window_len == 9 and lay.cand_start == 10
+    assert lay.max_tree_rows == 2 * 3 + 5 and lay.max_tokens == 10 + 11
     assert lay.newest_level_start == 7
-    assert lay.step_tokens(0) == 10 and lay.step_tokens(2) == 16
-    assert lay.candidate_row(1) == 13
 
 
 def test_window_token_sees_its_chain_only():
@@ -29,26 +28,22 @@ def test_window_token_sees_its_chain_only():
     assert set(np.flatnonzero(v[w0(0, 2)])) == {0, w0(0, 0), w0(0, 1), w0(0, 2)}
 
 
-def test_positions_follow_each_chain():
+def test_window_positions_follow_each_chain():
     lay = _layout(4, 3, 2)
-    # window (level, j) sits at 1 + level + j after the last token; candidates at 1..n-1
+    # window (level, j) sits at 1 + level + j after the last token
     assert lay.offsets[0] == 0
     assert lay.offsets[1 + 2 * 3 + 1] == 1 + 2 + 1
-    assert list(lay.offsets[lay.cand_start :]) == [1, 2, 3, 1, 2, 3]
     # every visible key of a row sits at a strictly smaller position, except the row itself
-    for row in range(lay.max_tokens):
+    for row in range(lay.cand_start):
         for col in np.flatnonzero(lay.visible[row]):
             assert col == row or lay.offsets[col] < lay.offsets[row]
 
 
-def test_candidates_see_last_token_and_their_own_prefix():
-    lay = _layout(3, 2, 3)
+def test_tree_rows_see_the_last_token_and_themselves_until_the_step_adds_ancestors():
+    lay = _layout(3, 2, 3, lookup=4)
     v = lay.visible
-    c1 = lay.candidate_row(1)
-    assert set(np.flatnonzero(v[c1 + 1])) == {0, c1, c1 + 1}
-    # no candidate sees the window or another candidate
-    assert not v[lay.cand_start :, 1 : lay.cand_start].any()
-    assert not v[c1, lay.candidate_row(0)] and not v[lay.candidate_row(0), c1]
+    for row in range(lay.cand_start, lay.max_tokens):
+        assert set(np.flatnonzero(v[row])) == {0, row}
 
 
 def test_mask_template_is_float_zero_or_min():
@@ -59,14 +54,7 @@ def test_mask_template_is_float_zero_or_min():
     assert (t[~torch.from_numpy(lay.visible)] == torch.finfo(torch.float32).min).all()
 
 
-def test_fewer_candidates_is_the_top_left_corner():
-    lay = _layout(3, 2, 3)
-    full = _layout(3, 2, 1)
-    k = full.max_tokens
-    assert np.array_equal(lay.visible[:k, :k], full.visible)
-
-
 def test_plain_layout_is_one_token():
     lay = StepLayout(None, torch.float32, "cpu")
-    assert lay.max_tokens == 1 and lay.step_tokens(0) == 1
+    assert lay.max_tokens == 1 and lay.max_tree_rows == 0
     assert lay.mask_template.tolist() == [[0.0]]

@@ -6,7 +6,18 @@ from lookahead_core import LookaheadParams
 def test_defaults_and_sizes():
     p = LookaheadParams(n=5, w=7, g=3)
     assert p.window_tokens == 28
-    assert p.max_step_tokens == 1 + 28 + 3 * 4
+    assert p.max_candidate_tokens == 3 * 4 + p.lookup
+    assert p.max_step_tokens == 1 + 28 + 3 * 4 + p.lookup
+    assert LookaheadParams(5, 7, 3, lookup=0).max_step_tokens == 1 + 28 + 3 * 4
+
+
+def test_parse_takes_three_or_four_integers():
+    assert LookaheadParams.parse("4,3,3") == LookaheadParams(4, 3, 3)
+    assert LookaheadParams.parse("(3,2,2,0)") == LookaheadParams(3, 2, 2, lookup=0)
+    assert LookaheadParams.parse("3,2,2,0").label == "(3,2,2,0)" and LookaheadParams(3, 2, 2).label == "(3,2,2)"
+    for bad in ("3,2", "a,b,c", "1,2,3,4,5"):
+        with pytest.raises(ValueError, match="three integers"):
+            LookaheadParams.parse(bad)
 
 
 @pytest.mark.parametrize(
@@ -18,6 +29,8 @@ def test_defaults_and_sizes():
         ({"n": 2.5}, "n must be an integer"),
         ({"w": True}, "w must be an integer"),
         ({"pool_from_prompt": "yes"}, "pool_from_prompt must be a bool"),
+        ({"lookup": -1}, "lookup must be >= 0"),
+        ({"lookup_match": 0}, "lookup_match must be >= 1"),
     ],
 )
 def test_invalid_values_are_rejected_with_a_clear_message(kwargs, message):

@@ -11,12 +11,16 @@ from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.lookahead.ngram_pool import NGramPool
 from lookahead_core.lookahead.sampling import sample, verify_sampling, warp
+from lookahead_core.lookahead.tree import CandidateTree
 from lookahead_core.models.random_models import build_random_model
 
 V = 8
 PROMPT = [5]
 POOL_SEED = [5, 0, 1, 5, 0, 2, 5, 3, 4, 5, 6, 7, 0, 1, 4]  # several continuations per key, shared first tokens
 N, G = 3, 3
+# Prompt-lookup-like candidates of other lengths, merged into the tree with the pool's: (5, 0, 1, 4)
+# shares its first row with the pool's (0, 2) after 5.
+LOOKUP = {5: (0, 1, 4), 0: (1,), 3: (4, 5, 0, 1)}
 SAMPLES = 20_000
 CONFIGS = {
     "temperature 1.0": SamplingParams(1.0),
@@ -54,7 +58,8 @@ def exact_joint(table, params):
 
 
 def simulate(table, params, seed, verifier=verify_sampling, lookahead=True):
-    """First 3 tokens: plain sampling, or lookahead verification over the pool's candidates."""
+    """First 3 tokens: plain sampling, or lookahead verification over a candidate tree of the
+    pool's candidates and a variable-length one."""
     rng = np.random.default_rng(seed)
     pool = NGramPool(N, G)
     pool.add_sequence(POOL_SEED)
@@ -63,15 +68,16 @@ def simulate(table, params, seed, verifier=verify_sampling, lookahead=True):
         if not lookahead:
             ctx.append(sample(warp(table[tuple(ctx)], params), rng))
             continue
-        cands = pool.lookup((PROMPT + ctx)[-1])[:G]
+        last = (PROMPT + ctx)[-1]
+        tree = CandidateTree(16)
+        tree.build(([LOOKUP[last]] if last in LOOKUP else []) + pool.lookup(last)[:G])
 
-        def dist_at(row, ctx=tuple(ctx), cands=cands):
-            if row == 0:
-                return warp(table[ctx], params)
-            g, d = divmod(row - 1, N - 1)
-            return warp(table[(ctx + tuple(cands[g][: d + 1]))[:3]], params)
+        def dist_at(row, ctx=tuple(ctx), tree=tree):
+            prefix = tuple(int(tree.tokens[r]) for r in np.flatnonzero(tree.visible[row - 1])) if row else ()
+            return warp(table[(ctx + prefix)[:3]], params)
 
-        _, acc = verifier(dist_at, cands, 1, rng)
+        rows = [[1 + r for r in path] for path in tree.paths]
+        _, acc = verifier(dist_at, tree.candidates, rows, rng)
         ctx.extend(acc)
     return tuple(ctx[:3])
 
@@ -114,12 +120,12 @@ def two_sample(a, b, min_count=10):
     return chi2_pvalue(stat, len(a) - 1)
 
 
-def wrong_verifier(dist_at, candidates, cand_start, rng):
+def wrong_verifier(dist_at, candidates, rows, rng):
     """Deliberately wrong: a rejected candidate's mass is not removed before the next draw."""
     p = dist_at(0)
     for g, cand in enumerate(candidates):
         if rng.random() < p[cand[0]]:
-            return g, [cand[0], sample(dist_at(cand_start + g * len(cand)), rng)]
+            return g, [cand[0], sample(dist_at(rows[g][0]), rng)]
     return -1, [sample(p, rng)]
 
 

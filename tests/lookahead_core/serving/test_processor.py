@@ -237,3 +237,37 @@ def test_items_survive_pickling(proc, engine):
     err = RequestError(503, "busy", param="p", code="overloaded", type="server_error")
     back = pickle.loads(pickle.dumps(err))
     assert back == err and (back.status, back.message, back.param, back.code, back.type) == (503, "busy", "p", "overloaded", "server_error")
+
+
+def test_echo_puts_the_prompt_first_with_its_logprobs(proc, engine):
+    req = ServeRequest(prompt="abcd", max_new_tokens=4, logprobs=2, echo=True, ignore_eos=True)
+    items = run(proc, req, engine)
+    assert not isinstance(items, RequestError), items
+    *deltas, done = items
+    assert deltas[0].text == "abcd" and deltas[0].token_ids == ()
+    assert done.text.startswith("abcd") and done.usage.prompt_tokens == 4 and done.usage.completion_tokens == 4
+    assert [lp.token for lp in done.logprobs] == list("abcd") + [lp.token for lp in done.logprobs[4:]]
+    assert done.logprobs[0].logprob is None and all(len(lp.top) == 2 for lp in done.logprobs[1:])
+    assert tuple(lp.token_id for lp in done.logprobs[4:]) == done.token_ids
+    streamed = [lp for d in deltas for lp in d.logprobs]
+    assert tuple(streamed) == done.logprobs
+
+
+def test_n_choices_are_interleaved_and_seeded_apart(proc, engine):
+    req = ServeRequest(prompt="def f(", max_new_tokens=10, n=3, sampling=SamplingParams(1.0, seed=3), ignore_eos=True,
+                       lookahead=LookaheadParams(3, 2, 2))
+    items = run(proc, req, engine)
+    done = {c.index: c for c in items if isinstance(c, Completion)}
+    assert sorted(done) == [0, 1, 2]
+    for i, c in done.items():
+        assert tuple(t for d in items if isinstance(d, Delta) and d.index == i for t in d.token_ids) == c.token_ids
+    alone = run(proc, ServeRequest(prompt="def f(", max_new_tokens=10, sampling=SamplingParams(1.0, seed=4),
+                                   ignore_eos=True), engine)[-1]
+    assert done[1].token_ids == alone.token_ids  # choice i draws from seed + i
+    assert len({c.token_ids for c in done.values()}) > 1
+
+
+def test_a_failing_choice_fails_the_request(proc, engine):
+    req = ServeRequest(input_ids=(5, 5000), max_new_tokens=4, n=2)
+    err = run(proc, req, engine)
+    assert isinstance(err, RequestError) and err.status == 400 and "vocabulary" in err.message

@@ -1,0 +1,75 @@
+"""Verification candidates merged into a prefix tree: one step row per distinct prefix."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class CandidateTree:
+    """Candidates from every source share the rows of their common prefixes.
+
+    Row i of the tree holds `tokens[i]` at `depth[i]` (1 = right after the last token) and sees
+    the tree rows `visible[i]`: its ancestors and itself. Parents come before children, so each
+    candidate's rows increase. Arrays are sized once for `max_rows`; `build` refills them.
+    """
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self.tokens = np.zeros(max_rows, dtype=np.int64)
+        self.depth = np.zeros(max_rows, dtype=np.int64)
+        self.visible = np.zeros((max_rows, max_rows), dtype=bool)
+        self.size = 0
+        self.candidates: list[tuple[int, ...]] = []  # as kept: deduplicated, cut to the budget
+        self.paths: list[list[int]] = []  # the rows of each kept candidate
+        self._children: list[dict[int, int]] = [{}]  # node 0 is the root (the last token); row = node - 1
+
+    def build(self, candidates: Sequence[Sequence[int]], budget: int | None = None) -> int:
+        """Insert candidates in order of priority until `budget` rows are used; return the rows."""
+        budget = self.max_rows if budget is None else min(budget, self.max_rows)
+        self.visible[: self.size, : self.size] = False
+        self.size = 0
+        self.candidates, self.paths = [], []
+        children = self._children = [{}]
+        seen: set[tuple[int, ...]] = set()
+        for cand in candidates:
+            node, path = 0, []
+            for tok in cand:
+                child = children[node].get(tok)
+                if child is None:
+                    if self.size >= budget:
+                        break
+                    row = self.size
+                    child = row + 1
+                    self.size += 1
+                    children[node][tok] = child
+                    children.append({})
+                    self.tokens[row] = tok
+                    self.depth[row] = len(path) + 1
+                    if node:
+                        self.visible[row, : row] = self.visible[node - 1, : row]
+                    self.visible[row, row] = True
+                node = child
+                path.append(child - 1)
+            kept = tuple(cand[: len(path)])
+            if path and kept not in seen:
+                seen.add(kept)
+                self.candidates.append(kept)
+                self.paths.append(path)
+        return self.size
+
+    def walk_greedy(self, predictions: Sequence[int], row0: int) -> tuple[list[int], list[int]]:
+        """Follow the model's argmax down the tree: (tree rows accepted, accepted tokens + bonus).
+
+        `predictions[r]` is the argmax after step row r; step row 0 is the last token and tree row
+        i sits at step row `row0 + i`.
+        """
+        rows: list[int] = []
+        expected = predictions[0]
+        node = 0
+        children = self._children
+        while (child := children[node].get(expected)) is not None:
+            rows.append(child - 1)
+            node = child
+            expected = predictions[row0 + child - 1]
+        return rows, [*(int(self.tokens[r]) for r in rows), expected]

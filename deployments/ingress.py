@@ -5,6 +5,7 @@ Delta / Completion / RequestError items shaped into responses. Every error, on e
 OpenAI's envelope: {"error": {"message", "type", "param", "code"}}.
 """
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -14,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
-from ray.exceptions import RayError
+from ray.exceptions import RayActorError, RayError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
@@ -44,6 +45,9 @@ OVERLOADED = RequestError(503, "server overloaded: too many queued requests, ret
 REPLICA_LOST = RequestError(503, "the model replica serving this request failed; retry", code="replica_failed",
                             type="server_error")
 NO_RESULT = RequestError(500, "generation ended without a result")
+# A replica lost before a request's first token: the request is sent again, at most this often.
+REPLICA_ATTEMPTS = 3
+RETRY_PAUSE_S = 0.5
 
 
 def error_response(err: RequestError, headers: dict | None = None) -> JSONResponse:
@@ -197,13 +201,22 @@ class LookaheadAPI:
         """Start a generation and return its items (Delta..., Completion); raises the RequestError
         of a refused request. A replica that dies mid-stream ends the items with a RequestError, so
         no client waits on a request that can no longer finish."""
-        try:
-            gen = self.stream_handle.generate.remote(req)
-            first = await gen.__anext__()
-        except BackPressureError:
-            raise OVERLOADED from None
-        except RayError:
-            raise REPLICA_LOST from None
+        for attempt in range(1, REPLICA_ATTEMPTS + 1):
+            try:
+                gen = self.stream_handle.generate.remote(req)
+                first = await gen.__anext__()
+                break
+            except BackPressureError:
+                raise OVERLOADED from None
+            except RayActorError:
+                # The replica died (its node may be gone) and nothing has reached the client yet,
+                # so another replica can take the request whole; the pause lets Serve's router
+                # learn that the replica is gone.
+                if attempt == REPLICA_ATTEMPTS:
+                    raise REPLICA_LOST from None
+                await asyncio.sleep(RETRY_PAUSE_S * attempt)
+            except RayError:
+                raise REPLICA_LOST from None
         if isinstance(first, RequestError):
             raise first
 

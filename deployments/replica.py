@@ -14,11 +14,13 @@ from ray.serve import metrics
 from lookahead_core.engine.async_engine import AsyncEngine
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.model_runner import ModelRunner
+from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.models.loading import load_model
 from lookahead_core.policy.auto import AutoLookahead
 from lookahead_core.policy.controller import LookaheadPolicy
 from lookahead_core.serving import Completion, Delta, RequestError, RequestProcessor, ServeRequest, ServingLimits
 
+from .autoscaling import RUNNING, WAITING
 from .config import PROJECT_ROOT, AppArgs, resolve_path
 
 log = logging.getLogger("ray.serve")
@@ -54,6 +56,7 @@ class LookaheadModel:
         profile = self.auto.router.profile
         if profile is not None and (mismatch := profile.pool_mismatch(self.args.engine.shared_pool_cap)):
             log.warning(mismatch)
+        log.warning("warm-up: %.1f s", self._warm_up(tokenizer))
         self.async_engine = AsyncEngine(self.engine, before_step=self.auto.before_step)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         limits = self.args.limits
@@ -67,6 +70,19 @@ class LookaheadModel:
             model_name=m.served_name,
         )
         self._metrics()
+
+    def _warm_up(self, tokenizer) -> float:
+        """A fresh process's first forwards are slow (SmolLM2 on one CPU thread: a first request's
+        TTFT 4 s, then 0.2 s): pay them here, before Serve sends this replica any request."""
+        start = time.time()
+        prompt = tokenizer("The quick brown fox jumps over the lazy dog.")["input_ids"]
+        for i, params in enumerate((None, LookaheadParams())):
+            self.engine.add_request(f"warm-up-{i}", prompt, max_new_tokens=4, params=params)
+            while self.engine.has_work():
+                self.engine.step()
+        if self.engine.shared_pool is not None:
+            self.engine.shared_pool.clear()  # the warm-up text is no one's
+        return time.time() - start
 
     def _metrics(self) -> None:
         tags = ("lookahead",)  # the request's mode: auto, off or fixed
@@ -88,6 +104,11 @@ class LookaheadModel:
         """Serve calls this every health_check_period_s; a dead engine thread gets the replica replaced."""
         if not self.async_engine.alive:
             raise RuntimeError("the engine thread is not running")
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """What deployments.autoscaling.engine_queue_policy sizes the deployment by."""
+        running, waiting = self.async_engine.queue_depth()
+        return {RUNNING: running, WAITING: waiting}
 
     def info(self) -> dict:
         running, waiting = self.async_engine.queue_depth()

@@ -9,7 +9,8 @@ from deployments.app import build_app, check_gpus
 from deployments.config import PROJECT_ROOT, AppArgs, ModelArgs
 from lookahead_core.models.loading import resolve_model_path
 
-SERVE_CONFIGS = [PROJECT_ROOT / "serve_config.yaml", PROJECT_ROOT / "configs" / "serve_gpu.yaml"]
+SERVE_CONFIGS = [PROJECT_ROOT / "serve_config.yaml", PROJECT_ROOT / "configs" / "serve_gpu.yaml",
+                 PROJECT_ROOT / "configs" / "serve_cluster.yaml"]
 
 
 @pytest.mark.parametrize("path", SERVE_CONFIGS, ids=lambda p: p.name)
@@ -69,6 +70,19 @@ def test_gpu_examples_use_one_gpu_per_replica_and_scale_out():
         assert args.num_gpus == 1 and args.model.device == "cuda"
         model = next(d for d in app["deployments"] if d["name"] == "LookaheadModel")
         assert model["autoscaling_config"]["max_replicas"] > 1
+
+
+def test_cluster_config_puts_one_replica_per_worker_cpu_and_the_api_on_the_head():
+    raw = yaml.safe_load((PROJECT_ROOT / "configs" / "serve_cluster.yaml").read_text())
+    (app,) = raw["applications"]
+    args = AppArgs.model_validate(app["args"])
+    assert args.num_cpus == 1 and args.threads == 1 and args.num_gpus == 0
+    deps = {d["name"]: d for d in app["deployments"]}
+    scaling = deps["LookaheadModel"]["autoscaling_config"]
+    assert scaling["min_replicas"] == 1 and scaling["max_replicas"] == 2
+    assert scaling["look_back_period_s"] > 10  # Serve wants it above the 10 s metrics interval
+    assert deps["LookaheadModel"]["max_ongoing_requests"] >= args.engine.max_batch
+    assert deps["LookaheadAPI"]["ray_actor_options"] == {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
 
 
 def test_kuberay_manifest_embeds_the_gpu_serve_config():

@@ -4,6 +4,7 @@ Runs against a second app ("guarded", small queue, API keys) beside the session'
 killing its replica leaves the other tests alone.
 """
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -156,28 +157,34 @@ def test_killed_replica_is_replaced_and_no_request_hangs(guarded):
     (name,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                if a["name"].startswith("SERVE_REPLICA::guarded#LookaheadModel")]
 
-    def stream_one(_):
+    streaming = [threading.Event(), threading.Event()]
+
+    def stream_one(i):
         try:
             r = gen(guarded, long_body(stream=True), stream=True)
             if r.status_code != 200:
                 return r.status_code, None
-            events = [line[6:] for line in r.iter_lines() if line.startswith(b"data: ")]
+            events = []
+            for line in r.iter_lines():
+                if line.startswith(b"data: "):
+                    events.append(line[6:])
+                    streaming[i].set()
             return 200, json.loads(events[-1]) if events[-1] != b"[DONE]" else "done"
         except requests.RequestException as exc:
             return "connection", str(exc)
 
     with ThreadPoolExecutor(2) as pool:
         inflight = [pool.submit(stream_one, i) for i in range(2)]
-        assert wait_until(lambda: health(guarded)["running"] == 2, 10)
+        # Both have streamed tokens: the ingress cannot resend them elsewhere, so each must end
+        # with an explicit error.
+        assert wait_until(lambda: all(e.is_set() for e in streaming), 10)
         t_kill = time.time()
         ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
         ended = [f.result(timeout=60) for f in inflight]  # none hangs
     print("in flight at the kill ended with:", ended)
     for status, last in ended:
-        # Each in-flight request ends explicitly: an SSE error event or an error status, or, when
-        # the replica died before its first token, whole on the replacement (the ingress resends it).
-        assert status != 200 or last == "done" or (isinstance(last, dict) and last["error"]["status"] == 503), \
-            (status, last)
+        # Each in-flight request ends with an explicit error: an SSE error event or an error status.
+        assert status != 200 or (isinstance(last, dict) and last["error"]["status"] == 503), (status, last)
     assert wait_until(lambda: gen(guarded, {"prompt": "a", "max_new_tokens": 4}).status_code == 200, 60, interval=0.2)
     recovery_s = time.time() - t_kill
     assert health(guarded)["replica"]["pid"] != old

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Self
 
 import requests
@@ -103,7 +103,3 @@ def percentiles(values: list[float], qs=(50, 95)) -> dict[str, float | None]:
         return {f"p{q}": None for q in qs}
     s = sorted(values)
     return {f"p{q}": round(s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))], 3) for q in qs}
-
-
-def as_dicts(outcomes: list[Outcome]) -> list[dict]:
-    return [asdict(o) for o in outcomes]

@@ -31,15 +31,16 @@ def refuse(param: str | None, message: str, code: str | None = None) -> Pydantic
 
 
 def parse_lookahead(value):
-    """"auto", "off" or {"n", "w", "g"} (checked by LookaheadParams), with one clear message otherwise."""
+    """"auto", "off" or {"n", "w", "g"[, "adapt"]} (checked by LookaheadParams), with one clear
+    message otherwise."""
     if isinstance(value, str):
         if value not in ("auto", "off"):
             raise ValueError(f"must be \"auto\", \"off\" or {{\"n\": .., \"w\": .., \"g\": ..}}, got {value!r}")
         return value
     if isinstance(value, dict):
-        if set(value) != {"n", "w", "g"}:
-            raise ValueError(f"takes exactly the keys n, w, g, got {sorted(value)}")
-        return LookaheadParams(value["n"], value["w"], value["g"])
+        if not {"n", "w", "g"} <= set(value) <= {"n", "w", "g", "adapt"}:
+            raise ValueError(f"takes exactly the keys n, w, g (and optionally adapt), got {sorted(value)}")
+        return LookaheadParams(value["n"], value["w"], value["g"], adapt=value.get("adapt", True))
     if isinstance(value, LookaheadParams):
         return value
     raise ValueError(f"must be \"auto\", \"off\" or an object with n, w, g, got {type(value).__name__}")
@@ -48,7 +49,9 @@ def parse_lookahead(value):
 # The schema documents LookaheadParams' bounds for clients; LookaheadParams alone enforces them.
 _NWG = {"type": "object", "additionalProperties": False, "required": ["n", "w", "g"],
         "properties": {"n": {"type": "integer", "minimum": 2}, "w": {"type": "integer", "minimum": 1},
-                       "g": {"type": "integer", "minimum": 0}}}
+                       "g": {"type": "integer", "minimum": 0},
+                       "adapt": {"type": "boolean", "default": True,
+                                 "description": "narrow steps that do not pay (false: every step whole)"}}}
 Lookahead = Annotated[
     Literal["auto", "off"] | LookaheadParams, BeforeValidator(parse_lookahead),
     WithJsonSchema({"anyOf": [{"enum": ["auto", "off"], "type": "string"}, _NWG],

@@ -52,7 +52,7 @@ class LookaheadModel:
             raise ValueError(f"model {m.path!r} has no tokenizer")
         self.engine = Engine(ModelRunner(model), self.args.engine)
         router_cfg = self.args.router.model_copy(update={"max_batch": self.args.engine.max_batch})
-        self.auto = AutoLookahead(LookaheadPolicy(router_cfg, base_dir=PROJECT_ROOT))
+        self.auto = AutoLookahead(LookaheadPolicy(router_cfg, base_dir=PROJECT_ROOT, costs=self.engine.runner.costs))
         profile = self.auto.router.profile
         if profile is not None and (mismatch := profile.pool_mismatch(self.args.engine.shared_pool_cap)):
             log.warning(mismatch)
@@ -124,7 +124,8 @@ class LookaheadModel:
             "replica": {"pid": os.getpid(), "started_at": round(self.started, 3), "rss_mb": _rss_mb(),
                         "engine_steps": engine.steps, "aborted_requests": engine.aborted},
             "router": {"policy": self.args.router.policy, "current": None if cur is None else [cur.n, cur.w, cur.g],
-                       "steps_by_choice": self.auto.choice_counts()},
+                       "steps_by_choice": self.auto.choice_counts(), "cost_scale": round(self.auto.router.cost_scale, 3)},
+            "step_costs_ms": engine.runner.costs.table(),
         }
 
     async def generate(self, req: ServeRequest) -> AsyncIterator[Delta | Completion | RequestError]:

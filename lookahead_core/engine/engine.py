@@ -16,6 +16,7 @@ from lookahead_core.engine.model_runner import ModelRunner
 from lookahead_core.engine.scheduler import Scheduler
 from lookahead_core.engine.sequence import Sequence, Status
 from lookahead_core.engine.step_buffers import BatchStepBuffers
+from lookahead_core.lookahead.pacing import batch_width
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.lookahead.shared_pool import SharedNGramPool
@@ -180,8 +181,10 @@ class Engine:
     def has_work(self) -> bool:
         return bool(len(self.scheduler) or self._finished_early)
 
-    def running_params(self) -> dict[str | int, LookaheadParams | None]:
-        return {seq.seq_id: seq.params for seq in self.scheduler.running}
+    def running_progress(self) -> dict[str | int, tuple[LookaheadParams | None, int, int, int]]:
+        """(params, decode steps, new tokens, step rows fed) of each running sequence."""
+        return {seq.seq_id: (seq.params, seq.steps, len(seq.tokens) - seq.prompt_len, seq.planned_tokens)
+                for seq in self.scheduler.running}
 
     # ---- the step -------------------------------------------------------------------------
 
@@ -224,7 +227,13 @@ class Engine:
         running = self.scheduler.running
         buf, cache, lengths = self.buffers, self.cache, self.cache.lengths
         rows = len(running)
-        widths = [seq.plan(buf.ids[b]) for b, seq in enumerate(running)]
+        costs = self.runner.costs
+        proposals = [seq.propose(costs, rows) for seq in running]
+        menus = [menu for menu, _ in proposals if menu is not None]
+        cap = max(floor for _, floor in proposals)
+        if menus:
+            cap = batch_width(menus, lambda w: costs.ratio(rows, w), cap)
+        widths = [seq.plan(buf.ids[b], cap) for b, seq in enumerate(running)]
         width = max(widths)
         for b, seq in enumerate(running):
             n, start = widths[b], lengths[b]
@@ -234,10 +243,10 @@ class Engine:
             np.minimum(pos[:width], self._max_position, out=pos[:width])
             buf.ids[b, n:width] = 0
             np.add(buf.arange[:width], start, out=buf.write_index[b, :width])
-            buf.write_block(b, start, seq.layout.mask_template[:n, :n], width)
+            buf.write_block(b, start, seq.template[:n, :n], width)
             tree = seq.tree
             if tree.size > 1:
-                buf.write_tree(b, seq.layout.cand_start, tree.visible[: tree.size, : tree.size])
+                buf.write_tree(b, seq.cand_start, tree.visible[: tree.size, : tree.size])
         buf.to_device(rows, width)
         kv_len = max(lengths[:rows]) + width
         cache.prepare_rows(rows, buf.dev[2, :rows, :width], kv_len)

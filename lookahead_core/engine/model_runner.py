@@ -2,18 +2,22 @@
 from __future__ import annotations
 
 import inspect
+import time
 
 import torch
 
+from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.params import LookaheadParams
 
 
 class ModelRunner:
-    """Holds a causal LM and calls it with explicit positions, a 4D float mask and a cache."""
+    """Holds a causal LM and calls it with explicit positions, a 4D float mask and a cache, and
+    learns what its decode forwards cost (`costs`)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, costs: StepCosts | None = None) -> None:
         self.model = model
+        self.costs = costs or StepCosts()
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
@@ -65,7 +69,10 @@ class ModelRunner:
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache) -> tuple[list, torch.Tensor]:
         """Logits [B, T, V] and the greedy next token after every input position, as host lists
         (the step's one host-device sync; sampling reads the logits rows it needs)."""
+        t0 = time.perf_counter()
         logits = self.model(
             input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache, use_cache=True
         ).logits
-        return logits.argmax(dim=-1).tolist(), logits
+        pred = logits.argmax(dim=-1).tolist()
+        self.costs.observe(input_ids.shape[0], input_ids.shape[1], (time.perf_counter() - t0) * 1000.0)
+        return pred, logits

@@ -13,7 +13,8 @@ class StepLayout:
     The mask and position offsets of the last token and the window are built once. Tree rows see
     the last token and their own ancestors, which change every step: the template gives them
     column 0 and the diagonal, and the step adds the ancestors from its `CandidateTree`.
-    `params=None` is plain decoding: one token.
+    `params=None` is plain decoding: one token. A step may leave the window out (see
+    `StepPacer`): `verify_template` is then the mask of [last token | tree rows].
     """
 
     def __init__(self, params: LookaheadParams | None, dtype: torch.dtype, device: torch.device | str) -> None:
@@ -46,6 +47,10 @@ class StepLayout:
         self.offsets = offsets
         self.mask_template = torch.full(visible.shape, torch.finfo(dtype).min, dtype=dtype, device=device)
         self.mask_template[torch.from_numpy(visible).to(device)] = 0.0
+        lean = 1 + self.max_tree_rows
+        self.verify_template = torch.full((lean, lean), torch.finfo(dtype).min, dtype=dtype, device=device)
+        self.verify_template[:, 0] = 0.0
+        self.verify_template.diagonal().zero_()
 
     def _window_index(self, level: int, j: int) -> int:
         return self.window_start + level * self.w + j

@@ -21,6 +21,8 @@ class LookaheadParams:
     pool_from_prompt: also harvest n-grams from the prompt and the accepted output.
     lookup: longest candidate copied from the request's own text after an earlier occurrence of
         its last `lookup_match` tokens (prompt lookup); 0 turns it off.
+    adapt: let the request narrow a step (no window, or plain) while the wider step's measured
+        cost exceeds the tokens it has been yielding (`StepPacer`); False runs every step whole.
     """
 
     # Defaults: the best setting on chat text with the default model in bf16 on the 2-core CPU
@@ -31,6 +33,7 @@ class LookaheadParams:
     pool_from_prompt: bool = True
     lookup: int = 8
     lookup_match: int = 2
+    adapt: bool = True
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 2)
@@ -38,24 +41,31 @@ class LookaheadParams:
         _check_int("g", self.g, 0)
         _check_int("lookup", self.lookup, 0)
         _check_int("lookup_match", self.lookup_match, 1)
-        if not isinstance(self.pool_from_prompt, bool):
-            raise ValueError(f"lookahead pool_from_prompt must be a bool, got {self.pool_from_prompt!r}")
+        for name in ("pool_from_prompt", "adapt"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"lookahead {name} must be a bool, got {getattr(self, name)!r}")
 
     @classmethod
     def parse(cls, text: str) -> LookaheadParams:
-        """ "4,3,3" -> LookaheadParams(4, 3, 3); "4,3,3,0" also sets `lookup`."""
-        parts = text.strip().strip("()").split(",")
+        """ "4,3,3" -> LookaheadParams(4, 3, 3); "4,3,3,0" also sets `lookup`; a trailing
+        "fixed" ("4,3,3 fixed") turns `adapt` off."""
+        body = text.strip()
+        adapt = not body.endswith("fixed")
+        body = body.removesuffix("fixed").strip()
+        parts = body.strip("()").split(",")
         try:
             values = [int(x) for x in parts]
         except ValueError:
             values = []
         if len(values) not in (3, 4):
             raise ValueError(f"lookahead setting must be three integers N,W,G (and optionally LOOKUP), got {text!r}")
-        return cls(*values[:3]) if len(values) == 3 else cls(*values[:3], lookup=values[3])
+        extra = {"lookup": values[3]} if len(values) == 4 else {}
+        return cls(*values[:3], adapt=adapt, **extra)
 
     @property
     def label(self) -> str:
-        return f"({self.n},{self.w},{self.g})" if self.lookup == LookaheadParams.lookup else f"({self.n},{self.w},{self.g},{self.lookup})"
+        base = f"{self.n},{self.w},{self.g}" if self.lookup == LookaheadParams.lookup else f"{self.n},{self.w},{self.g},{self.lookup}"
+        return f"({base})" if self.adapt else f"({base}) fixed"
 
     @property
     def window_tokens(self) -> int:

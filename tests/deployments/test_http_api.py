@@ -30,6 +30,7 @@ def test_health_and_models(server):
     h = requests.get(server + "/health", timeout=10).json()
     assert h["status"] == "ok" and h["model"] == "tiny"
     assert h["dtype"] == "float32" and h["device"] == "cpu" and h["torch_threads"] >= 1
+    assert h["step_costs_ms"]["b1t1"] > 0  # the warm-up's forwards, measured
     m = requests.get(server + "/v1/models", timeout=10).json()
     assert m["data"][0]["id"] == "tiny"
     # the schema names the one model id the OpenAI routes accept
@@ -38,8 +39,9 @@ def test_health_and_models(server):
         assert spec[body]["properties"]["model"]["anyOf"][0]["enum"] == ["tiny"]
 
 
-def test_generate_matches_the_library(server, local):
-    r = post(server, "/generate", {"prompt": "def add(a, b):", "max_new_tokens": 20, "lookahead": {"n": 4, "w": 3, "g": 3}})
+@pytest.mark.parametrize("lookahead", [{"n": 4, "w": 3, "g": 3}, {"n": 4, "w": 3, "g": 3, "adapt": False}])
+def test_generate_matches_the_library(server, local, lookahead):
+    r = post(server, "/generate", {"prompt": "def add(a, b):", "max_new_tokens": 20, "lookahead": lookahead})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["token_ids"] == expected(local, "def add(a, b):", 20)
@@ -162,6 +164,8 @@ def test_chat_applies_the_configured_template(server, local):
         ("/generate", {"prompt": "x", "lookahead": "fast"}, 422, "lookahead"),
         ("/generate", {"prompt": "x", "lookahead": {"n": 1, "w": 2, "g": 2}}, 422, "n must be >= 2"),
         ("/generate", {"prompt": "x", "lookahead": {"n": 3, "w": 2}}, 422, "exactly the keys n, w, g"),
+        ("/generate", {"prompt": "x", "lookahead": {"n": 3, "w": 2, "g": 2, "adapt": "yes"}}, 422, "adapt must be a bool"),
+        ("/generate", {"prompt": "x", "lookahead": {"n": 3, "w": 2, "g": 2, "fast": True}}, 422, "exactly the keys"),
         ("/generate", {"prompt": "x", "lookahead": {"n": 99, "w": 2, "g": 2}}, 400, "n=99 exceeds"),
         ("/generate", {"prompt": "x", "extra": 1}, 422, "extra"),
         ("/generate", {"max_new_tokens": 3}, 422, "exactly one of"),

@@ -4,6 +4,8 @@ import pytest
 from lookahead_core import LookaheadParams
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine, EngineOverloaded
+from lookahead_core.engine.model_runner import ModelRunner
+from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.models.random_models import build_random_model
 from tests.lookahead_core.helpers import well_conditioned_cases
 
@@ -206,3 +208,33 @@ def test_only_the_tail_of_a_finished_request_joins_the_shared_pool(setup):
     cands: list = []
     engine.shared_pool.fill(3, tail[-3], cands, 4)
     assert tuple(tail[-2:]) in cands
+
+
+@pytest.mark.parametrize("wide_cost", [3.0, 1.01])
+def test_a_batch_steps_as_wide_as_pays_and_stays_exact(setup, wide_cost):
+    """Four requests with oracle pools under a measured cost curve held still (alpha ~0): where any
+    wide step costs 3 one-token steps, no row can pay for the whole batch and every step is one
+    token wide; where width is nearly free, rows run whole steps and accept long blocks."""
+    model, cases = setup
+    costs = StepCosts(alpha=1e-9)
+    for batch in (1, 2, 4):
+        costs.observe(batch, 1, 10.0)
+        costs.observe(batch, 2, 10.0 * wide_cost)
+    engine = Engine(ModelRunner(model, costs), EngineConfig(max_batch=4, max_new_tokens=64))
+    for i in range(4):
+        engine.add_request(i, cases[i][0], max_new_tokens=MAX_NEW, params=LookaheadParams(4, 3, 3), eos_token_id=[])
+        seed_oracle(engine, i, cases[i][2])
+    outputs, widths = {i: [] for i in range(4)}, []
+    while engine.has_work():
+        running = engine.queue_depth()[0]
+        before = costs.observed
+        for out in engine.step():
+            outputs[out.seq_id] += out.tokens
+        if costs.observed > before and running == 4:
+            widths.append(costs.last[1])
+    assert all(outputs[i] == cases[i][1] for i in range(4))
+    assert widths, "no step ran with all four requests"
+    if wide_cost > 2:
+        assert set(widths) == {1}
+    else:
+        assert max(widths) > 1 and sum(w > 1 for w in widths) >= len(widths) // 2

@@ -1,11 +1,13 @@
 """One request through a one-slot engine (what `generate` runs), its pool seeded from the true
 continuation: long accepted blocks on every step, exact, and nothing reallocated."""
+import itertools
 from types import SimpleNamespace
 
 import pytest
 
 from lookahead_core import LookaheadParams
 from lookahead_core.engine.generation import single_request_engine
+from lookahead_core.lookahead.pacing import StepKind, StepPacer
 from lookahead_core.models.random_models import build_random_model
 from tests.lookahead_core.helpers import hf_greedy, well_conditioned_cases
 
@@ -25,11 +27,13 @@ def _decode(model, prompt, params, max_new, eos=(), oracle=None):
         for i in range(len(oracle) - n + 1):
             cont = tuple(oracle[i + 1 : i + n])
             seq.pool.add(oracle[i], cont[:-1] + ((cont[-1] + 1) % VOCAB,))
-    blocks = []
+    blocks, kinds = [], []
     while engine.has_work():
-        blocks += [out.tokens for out in engine.step() if out.tokens]
+        out = [out.tokens for out in engine.step() if out.tokens]
+        blocks += out
+        kinds += [seq.kind] * len(out)
     dec = SimpleNamespace(new_tokens=seq.new_tokens, steps=seq.steps, finish_reason=seq.finish_reason,
-                          accepted_histogram=seq.accepted_histogram)
+                          accepted_histogram=seq.accepted_histogram, kinds=kinds)
     return dec, blocks
 
 
@@ -50,6 +54,30 @@ def test_oracle_pool_accepts_long_blocks_and_stays_exact(model_and_cases, n, w, 
         assert max(len(b) for b in blocks) == n
         # Nearly every step takes a full block; the pool's own harvests may evict a few.
         assert len(ref) / dec.steps >= 0.6 * n, dec.accepted_histogram
+
+
+def test_every_step_kind_stays_exact(model_and_cases, monkeypatch):
+    """Steps that leave out the window, or everything but the last token, in any order: the
+    pacer's choices move only speed. Its own judgement follows timings, so here it cycles."""
+    kinds = itertools.cycle([StepKind.FULL, StepKind.VERIFY, StepKind.PLAIN, StepKind.VERIFY, StepKind.VERIFY, StepKind.FULL])
+
+    def cycle(self, widths, copied, ratio):
+        self.kind = next(kinds)
+        if self.kind not in widths and self.kind is not StepKind.PLAIN:
+            self.kind = StepKind.PLAIN
+        return self.kind
+
+    monkeypatch.setattr(StepPacer, "choose", cycle)
+    model, cases = model_and_cases
+    seen = set()
+    for n, w, g in [(3, 2, 2), (5, 3, 6)]:
+        for prompt, ref, oracle in cases:
+            dec, blocks = _decode(model, prompt, LookaheadParams(n, w, g), MAX_NEW, oracle=oracle)
+            assert dec.new_tokens == ref
+            assert any(k is StepKind.VERIFY and len(b) > 1 for k, b in zip(dec.kinds, blocks)), "steps without the window accepted nothing"
+            assert all(len(b) == 1 for k, b in zip(dec.kinds, blocks) if k is StepKind.PLAIN)
+            seen |= set(dec.kinds)
+    assert seen == {StepKind.FULL, StepKind.VERIFY, StepKind.PLAIN}
 
 
 def test_eos_inside_an_accepted_block(model_and_cases):

@@ -10,6 +10,7 @@ from lookahead_core import LookaheadParams, SamplingParams, generate
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.lookahead.ngram_pool import NGramPool
+from lookahead_core.lookahead.pacing import StepKind, StepPacer
 from lookahead_core.lookahead.sampling import sample, verify_sampling, warp
 from lookahead_core.lookahead.tree import CandidateTree
 from lookahead_core.models.random_models import build_random_model
@@ -148,11 +149,7 @@ def test_the_test_has_power_a_wrong_verifier_fails(logits_table):
     assert gof(wrong, exact_joint(logits_table, params)) < 1e-6
 
 
-def test_engine_lookahead_sampling_follows_the_model_distribution(model, logits_table):
-    """End to end through the batching engine: the same 3-token joint distribution. A plumbing
-    check (a wrong logits row would move the distribution far), so fewer samples suffice."""
-    params = CONFIGS["temperature 1.0"]
-    samples = 8_000
+def _engine_joint(model, samples):
     cfg = EngineConfig(max_batch=256, max_new_tokens=3, max_seq_len=16, max_waiting=samples, max_n=N, max_w=2, max_g=G)
     engine = Engine(model, cfg)
     for i in range(samples):
@@ -164,9 +161,26 @@ def test_engine_lookahead_sampling_follows_the_model_distribution(model, logits_
         for o in engine.step():
             out[o.seq_id] += o.tokens
             multi += len(o.tokens) > 1
+    return counts(tuple(t) for t in out.values()), multi
+
+
+def test_engine_lookahead_sampling_follows_the_model_distribution(model, logits_table):
+    """End to end through the batching engine: the same 3-token joint distribution. A plumbing
+    check (a wrong logits row would move the distribution far), so fewer samples suffice."""
+    samples = 8_000
+    look, multi = _engine_joint(model, samples)
     assert multi > samples // 10  # candidates were accepted, not only bonus tokens
-    look = counts(tuple(t) for t in out.values())
-    assert gof(look, exact_joint(logits_table, params)) > 1e-3
+    assert gof(look, exact_joint(logits_table, CONFIGS["temperature 1.0"])) > 1e-3
+
+
+def test_steps_without_the_window_sample_the_model_distribution(model, logits_table, monkeypatch):
+    """The same check with every step verifying the candidate tree alone (its rows right after the
+    last token), the kind the pacer picks when the window does not pay."""
+    monkeypatch.setattr(StepPacer, "choose", lambda self, widths, copied, ratio: StepKind.VERIFY if StepKind.VERIFY in widths else StepKind.PLAIN)
+    samples = 4_000
+    look, multi = _engine_joint(model, samples)
+    assert multi > samples // 10
+    assert gof(look, exact_joint(logits_table, CONFIGS["temperature 1.0"])) > 1e-3
 
 
 def test_warp_matches_hf_warpers():

@@ -2,6 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from lookahead_core import LookaheadParams
+from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.policy.controller import LookaheadPolicy, PolicyConfig
 from lookahead_core.policy.cost_profile import Setting, StepCostProfile
 
@@ -79,6 +80,47 @@ def test_fixed_plain_and_table_policies():
                                            {"max_depth": 8, "lookahead": {"n": 3, "w": 2, "g": 2}},
                                            {"max_depth": 10**9}])
     assert [t.choose(d) for d in (1, 5, 50)] == [LookaheadParams(5, 7, 7), LookaheadParams(3, 2, 2), None]
+
+
+def test_measured_step_costs_replace_the_profile_and_the_choice_follows_them():
+    costs = StepCosts(alpha=0.2)
+    r = LookaheadPolicy(PolicyConfig(profile="x.yaml", min_dwell_steps=0), profile=cpu_like_profile(), costs=costs)
+    assert r.choose(1) == LookaheadParams(4, 5, 5)
+    choices = []
+    for step in range(60):  # the machine drifts: wide steps grow from the profile's 3 ms to 8 ms
+        wide = 3.0 + 5.0 * min(step / 30, 1.0)
+        costs.observe(1, 1, 2.05)
+        costs.observe(1, 20, wide)
+        costs.observe(1, 6, 2.3 + (wide - 3.0) * 0.4)
+        choices.append(r.choose(1))
+    assert choices[0] == LookaheadParams(4, 5, 5)
+    assert choices[-1] is None  # 2.2 tokens for 8 ms loses to 1 token for 2 ms
+    assert r.step_ms(r.profile.settings[1], 1) == pytest.approx(costs.measured(1, 20))
+
+
+def test_unmeasured_cells_follow_the_drift_of_measured_ones():
+    costs = StepCosts()
+    r = LookaheadPolicy(PolicyConfig(profile="x.yaml", slo={"tpot_ms": 3.0}), profile=cpu_like_profile(), costs=costs)
+    plain = r.profile.settings[0]
+    assert r._meets_slo(plain, 4)
+    for _ in range(200):
+        costs.observe(8, 1, 2 * r.profile.step_ms(8, 1))  # everything now runs at half speed
+        r.choose(1)
+    assert r.cost_scale == pytest.approx(2.0, rel=0.01)
+    assert r.step_ms(plain, 4) == pytest.approx(2 * r.profile.step_ms(4, 1), rel=0.01)
+    assert not r._meets_slo(plain, 4)
+
+
+def test_observed_acceptance_replaces_the_profiled_compression():
+    r = router(learn_after_steps=8)
+    assert r.choose(1) == LookaheadParams(4, 5, 5)
+    r.observe(LookaheadParams(4, 5, 5), steps=4, tokens=4, rows=80)
+    assert r.choose(1) == LookaheadParams(4, 5, 5)  # too few steps to go by
+    r.observe(LookaheadParams(4, 5, 5), steps=40, tokens=42, rows=800)
+    assert r.learned(r.profile.settings[1]) == pytest.approx((1.05, 20.0), rel=0.1)
+    assert r.choose(1) == LookaheadParams(3, 2, 2)
+    r.observe(LookaheadParams(3, 2, 2), steps=40, tokens=40, rows=40 * 9)
+    assert r.choose(1) is None
 
 
 @pytest.mark.parametrize(

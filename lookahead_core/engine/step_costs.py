@@ -1,0 +1,66 @@
+"""What a decode forward costs on this machine, learned from the forwards the engine runs."""
+from __future__ import annotations
+
+
+def batch_bucket(batch: int) -> int:
+    """Batch sizes are pooled by powers of two: 1, 2, 3-4, 5-8, ..."""
+    return max(batch - 1, 0).bit_length()
+
+
+class StepCosts:
+    """Running mean of decode-forward milliseconds per (batch bucket, tokens per row).
+
+    The cost of widening a step is a property of the machine, the model and its dtype, and it
+    drifts (other load, clocks), so it is measured on every step rather than read from a file.
+    `ratio(batch, width)` is what a step `width` tokens wide costs against a one-token step.
+    A width never measured is assumed to cost what the widest measured narrower step costs, so
+    it gets tried, and then measured; `prior_slope` stands in before anything is measured.
+    One cell per (bucket, width) the engine can run: the state is bounded by its limits.
+    """
+
+    def __init__(self, alpha: float = 0.1, prior_slope: float = 0.05) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.alpha = alpha
+        self.prior_slope = prior_slope
+        self._ms: dict[tuple[int, int], float] = {}
+        self.observed = 0
+        self.last: tuple[int, int, float] | None = None  # (batch, width, ms) of the latest forward
+
+    def observe(self, batch: int, width: int, ms: float) -> None:
+        key = (batch_bucket(batch), width)
+        old = self._ms.get(key)
+        self._ms[key] = ms if old is None else old + self.alpha * (ms - old)
+        self.observed += 1
+        self.last = (batch, width, ms)
+
+    def measured(self, batch: int, width: int) -> float | None:
+        """This cell's running mean, if a forward of this batch bucket and width has run."""
+        return self._ms.get((batch_bucket(batch), width))
+
+    def ms(self, batch: int, width: int) -> float | None:
+        """The measured cost of this cell, or of the widest measured narrower cell; None if none."""
+        bucket, ms = batch_bucket(batch), self._ms
+        for w in range(width, 0, -1):
+            value = ms.get((bucket, w))
+            if value is not None:
+                return value
+        return None
+
+    def prior_ratio(self, width: int) -> float:
+        return 1.0 + self.prior_slope * (width - 1)
+
+    def ratio(self, batch: int, width: int) -> float:
+        """Cost of a step of `width` tokens per row against a step of one, at this batch size."""
+        if width <= 1:
+            return 1.0
+        one = self._ms.get((batch_bucket(batch), 1))
+        wide = self.ms(batch, width)
+        if one is None or wide is None:
+            return self.prior_ratio(width)
+        return max(wide / one, 1.0)
+
+    def table(self) -> dict[str, float]:
+        """Measured cells as {"b<bucket>t<width>": ms}, for health pages and benchmarks."""
+        cells = dict(self._ms)  # one copy: the engine thread may be adding cells
+        return {f"b{1 << b}t{w}": round(v, 3) for (b, w), v in sorted(cells.items())}

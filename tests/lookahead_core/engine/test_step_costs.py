@@ -1,0 +1,51 @@
+from lookahead_core.engine.step_costs import StepCosts, batch_bucket
+
+
+def test_batch_buckets_are_powers_of_two():
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [0, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_prior_before_anything_is_measured():
+    costs = StepCosts(prior_slope=0.1)
+    assert costs.ratio(1, 1) == 1.0
+    assert costs.ratio(1, 11) == costs.prior_ratio(11) == 2.0
+
+
+def test_ratio_is_measured_per_batch_bucket():
+    costs = StepCosts(alpha=1.0)
+    costs.observe(1, 1, 10.0)
+    costs.observe(1, 9, 20.0)
+    costs.observe(4, 1, 30.0)
+    costs.observe(4, 9, 90.0)
+    assert costs.ratio(1, 9) == 2.0
+    assert costs.ratio(3, 9) == 3.0  # batch 3 shares the bucket of 4
+    assert costs.table() == {"b1t1": 10.0, "b1t9": 20.0, "b4t1": 30.0, "b4t9": 90.0}
+
+
+def test_an_unmeasured_width_costs_what_the_widest_narrower_one_costs():
+    costs = StepCosts(alpha=1.0)
+    costs.observe(1, 1, 10.0)
+    costs.observe(1, 5, 15.0)
+    assert costs.ratio(1, 4) == 1.0  # optimistic: it gets tried, then measured
+    assert costs.ratio(1, 12) == 1.5
+    costs.observe(1, 12, 25.0)
+    assert costs.ratio(1, 12) == 2.5
+
+
+def test_the_estimate_follows_a_drifting_cost():
+    costs = StepCosts(alpha=0.1)
+    for _ in range(50):
+        costs.observe(1, 1, 10.0)
+        costs.observe(1, 9, 12.0)
+    assert abs(costs.ratio(1, 9) - 1.2) < 1e-6
+    for _ in range(50):  # the machine gets busier: wide steps now cost twice a narrow one
+        costs.observe(1, 1, 10.0)
+        costs.observe(1, 9, 20.0)
+    assert abs(costs.ratio(1, 9) - 2.0) < 0.05
+
+
+def test_a_ratio_is_never_below_one():
+    costs = StepCosts(alpha=1.0)
+    costs.observe(2, 1, 10.0)
+    costs.observe(2, 3, 9.0)  # timing noise
+    assert costs.ratio(2, 3) == 1.0

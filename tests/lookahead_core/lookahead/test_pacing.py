@@ -1,0 +1,74 @@
+from lookahead_core.lookahead.pacing import StepKind, StepPacer, batch_width
+
+WIDE = {StepKind.FULL: 9, StepKind.VERIFY: 5}
+
+
+def _run(pacer, steps, tokens_of, ratio_of, copied=False):
+    kinds = []
+    for _ in range(steps):
+        kind = pacer.choose(WIDE, copied, ratio_of)
+        kinds.append(kind)
+        pacer.update(tokens_of(kind))
+    return kinds
+
+
+def test_cheap_wide_steps_that_pay_stay_full():
+    kinds = _run(StepPacer(), 100, lambda k: 3 if k is StepKind.FULL else 1, lambda w: 1.0 + 0.02 * (w - 1))
+    assert kinds[10:].count(StepKind.FULL) >= 85
+
+
+def test_wide_steps_that_do_not_pay_turn_plain_with_rarer_probes():
+    kinds = _run(StepPacer(), 400, lambda k: 1, lambda w: 2.0 if w > 1 else 1.0)
+    assert kinds[-300:].count(StepKind.PLAIN) >= 290
+    late_probes = [i for i, k in enumerate(kinds) if k is not StepKind.PLAIN and i >= 200]
+    assert len(late_probes) <= 2 * 200 // 64 + 2  # each kind tried about once every max_interval steps
+
+
+def test_a_request_whose_text_starts_paying_widens_again():
+    pacer = StepPacer()
+    _run(pacer, 200, lambda k: 1, lambda w: 1.5 if w > 1 else 1.0)
+    kinds = _run(pacer, 300, lambda k: 4 if k is StepKind.FULL else 1, lambda w: 1.5 if w > 1 else 1.0)
+    assert kinds[-100:].count(StepKind.FULL) >= 90
+
+
+def test_copied_runs_are_judged_apart_from_pooled_ngrams():
+    pacer = StepPacer()
+    ratio = lambda w: 1.6 if w > 1 else 1.0
+    for step in range(300):
+        copied = step % 2 == 0
+        kind = pacer.choose(WIDE, copied, ratio)
+        pacer.update(4 if copied and kind is StepKind.VERIFY else 1)
+    assert pacer.choose(WIDE, True, ratio) is StepKind.VERIFY
+    assert pacer.choose(WIDE, False, ratio) is StepKind.PLAIN
+
+
+def test_only_the_kinds_on_offer_are_chosen():
+    pacer = StepPacer()
+    for _ in range(50):
+        kind = pacer.choose({StepKind.FULL: 5}, False, lambda w: 1.0)
+        assert kind in (StepKind.FULL, StepKind.PLAIN)
+        pacer.update(1)
+
+
+def test_the_batch_width_pays_for_the_tokens_of_every_row():
+    flat = lambda w: 1.0 + 0.01 * (w - 1)  # memory-bound: width nearly free
+    steep = lambda w: 1.0 if w == 1 else 2.0  # every wide step costs two
+    one_keen = [[(1, 1.0), (9, 3.0)]] + [[(1, 1.0), (9, 1.1)]] * 15
+    # Alone, a request at 3 tokens for 2x pays; in a batch of 16 it would slow 15 others.
+    assert batch_width(one_keen[:1], steep) == 9
+    assert batch_width(one_keen, steep) == 1
+    assert batch_width(one_keen, flat) == 9
+    all_keen = [[(1, 1.0), (5, 3.0), (9, 3.0)]] * 16
+    assert batch_width(all_keen, steep) == 5  # the same cost, fewer rows: the narrower on a tie
+    assert batch_width([[(1, 1.0), (9, 3.0)]], steep, floor=12) == 12  # a request that chose alone sets the floor
+
+
+def test_a_row_takes_its_best_kind_within_the_batch_width_and_retries_only_when_it_fits():
+    pacer = StepPacer()
+    for _ in range(20):
+        pacer.menu(WIDE, False)
+        kind = pacer.pick(1, lambda w: 2.0 if w > 1 else 1.0)
+        assert kind is StepKind.PLAIN  # retries are due, but a wider step would cost the batch
+        pacer.update(1)
+    pacer.menu(WIDE, False)
+    assert pacer.pick(9, lambda w: 1.0) in (StepKind.FULL, StepKind.VERIFY)  # width already paid for

@@ -53,7 +53,6 @@ class StepPacer:
         self.interval = {k: min_interval for k in (StepKind.VERIFY, StepKind.FULL)}
         self.idle = {k: 0 for k in (StepKind.VERIFY, StepKind.FULL)}
         self.kind = StepKind.FULL
-        self.counts = {k: 0 for k in StepKind}
         self._widths: dict[StepKind, int] = {}
         self._copied = False
         self._probe, self._to_beat = False, 1.0
@@ -88,7 +87,6 @@ class StepPacer:
         for kind in self.idle:
             self.idle[kind] = 0 if kind is best else self.idle[kind] + 1
         self.kind = best
-        self.counts[best] += 1
         return best
 
     def choose(self, widths: dict[StepKind, int], copied: bool, ratio: Callable[[int], float]) -> StepKind:

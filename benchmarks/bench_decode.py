@@ -1,13 +1,17 @@
 """Decode speed of one sequence against its peers, in one process, on one model and dtype.
 
-Configurations: HF greedy `generate`, HF prompt-lookup decoding (`prompt_lookup_num_tokens`),
-our plain path and our lookahead grid. Every prompt runs every configuration back to back
-(rotating the order), so drift in machine speed hits all of them alike. Speedups are ratios of
-total tokens/s over the same prompts. Identity is measured against HF greedy in the same dtype
-and, with --fp32-reference, against HF greedy in float32 (how far bf16 itself moves the text).
+Configurations: HF greedy `generate`, HF compiled greedy (`--compiled`: a StaticCache and a
+`torch.compile`d one-token decode step, inductor freezing on CPU, as gpt-fast), HF prompt-lookup
+decoding (`prompt_lookup_num_tokens`), our plain path and our lookahead grid. Every prompt runs
+every configuration back to back (rotating the order), so drift in machine speed hits all of
+them alike. Speedups are ratios of total tokens/s over the same prompts. Identity is measured
+against HF greedy in the same dtype and, with --fp32-reference, against HF greedy in float32 (how
+far bf16 itself moves the text).
 
     python -m benchmarks.bench_decode --prompts benchmarks/prompts/chat.jsonl --chat --dtype bfloat16
     python -m benchmarks.bench_decode --model random:small --num-prompts 8 --max-new-tokens 128
+    python -m benchmarks.bench_decode --prompts benchmarks/prompts/chat.jsonl --chat --num-prompts 8 \
+        --dtype float32 --compiled --configs 3,2,2 --pld "" --no-plain   # HF eager, HF compiled, our default
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch._inductor.config as inductor_config
+from transformers import StaticCache
 
 from lookahead_core import LookaheadParams, ModelRunner, SamplingParams, generate
 from lookahead_core.cli.prompt_sets import read_prompt_set
@@ -31,7 +37,7 @@ from lookahead_core.models.loading import DEFAULT_MODEL, load_model
 @dataclass
 class Config:
     name: str
-    kind: str  # "hf" | "hf-pld" | "plain" | "lookahead"
+    kind: str  # "hf" | "hf-compiled" | "hf-pld" | "plain" | "lookahead"
     params: LookaheadParams | None = None
     pld_tokens: int = 0
 
@@ -50,8 +56,11 @@ class Tally:
     distinct4: list[float] = field(default_factory=list)
 
 
-def parse_configs(spec: str, pool: str, pld: str, sampling: bool, plain: bool = True) -> list[Config]:
+def parse_configs(spec: str, pool: str, pld: str, sampling: bool, plain: bool = True,
+                  compiled: bool = False) -> list[Config]:
     configs = [Config("hf-sample" if sampling else "hf-greedy", "hf")]
+    if compiled and not sampling:  # a greedy peer: argmax inside the compiled step
+        configs.append(Config("hf-compiled", "hf-compiled"))
     if not sampling:  # HF refuses prompt lookup with sampling in some versions; it is a greedy peer here
         configs += [Config(f"hf-pld{k}", "hf-pld", pld_tokens=int(k)) for k in pld.split(",") if k.strip()]
     if plain:
@@ -90,6 +99,64 @@ def run_hf(model, prompt: list[int], max_new: int, sampling: SamplingParams | No
     return out[0, len(prompt) :].tolist(), time.perf_counter() - t0, None
 
 
+def decode_one_token(model, token: torch.Tensor, position: torch.Tensor, cache: StaticCache) -> torch.Tensor:
+    """gpt-fast's decode step: one token [1, 1] at `position` [1, 1] into the static cache, its argmax [1]."""
+    logits = model(input_ids=token, position_ids=position, past_key_values=cache, use_cache=True).logits
+    return logits[:, -1].argmax(dim=-1)
+
+
+class CompiledGreedy:
+    """HF greedy decoding with the decode step compiled: a StaticCache of `max_cache_len` tokens,
+    an eager prefill over the prompt, then `decode_one_token` under `torch.compile` (fullgraph,
+    static shapes; on CPU inductor freezing folds and packs the weights once). The cache is reset
+    between prompts, so one graph serves every prompt; it stops at the model's EOS as `generate`.
+
+    `transformers`' own `generate(cache_implementation="static")` compiles only on CUDA, and with
+    freezing it folds the cache's static-address tensors into constants; hence this loop."""
+
+    def __init__(self, model, max_cache_len: int) -> None:
+        self.model = model
+        self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+        self.max_cache_len = max_cache_len
+        cuda = model.device.type == "cuda"
+        self.freezing = not cuda  # freezing is a CPU optimization; CUDA gets CUDA graphs
+        self.step = torch.compile(decode_one_token, fullgraph=True, dynamic=False,
+                                  mode="reduce-overhead" if cuda else None)
+        eos = getattr(model.generation_config, "eos_token_id", None)
+        self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        self.compile_s: float | None = None
+
+    @torch.inference_mode()
+    def generate(self, prompt: list[int], max_new: int) -> tuple[list[int], float]:
+        if len(prompt) + max_new > self.max_cache_len:
+            raise ValueError(f"prompt of {len(prompt)} tokens + {max_new} new tokens exceeds the static cache "
+                             f"of {self.max_cache_len}")
+        t0 = time.perf_counter()
+        self.cache.reset()
+        device = self.model.device
+        ids = torch.tensor([prompt], device=device)
+        positions = torch.arange(len(prompt), device=device).unsqueeze(0)
+        logits = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
+                            logits_to_keep=1).logits
+        token = logits[:, -1].argmax(dim=-1)
+        out = [int(token)]
+        position = torch.tensor([[len(prompt)]], device=device)
+        with inductor_config.patch(freezing=self.freezing):  # dynamo reads it when it traces
+            while len(out) < max_new and out[-1] not in self.eos:
+                token = self.step(self.model, token.view(1, 1), position, self.cache)
+                out.append(int(token))  # the step's one sync
+                position.add_(1)
+        return out, time.perf_counter() - t0
+
+    def warm_up(self, prompt: list[int], tokens: int = 4) -> float:
+        """Compile the decode step (the first calls trace and compile); the seconds it took."""
+        t0 = time.perf_counter()
+        self.generate(prompt[: self.max_cache_len - tokens], tokens)
+        if self.compile_s is None:
+            self.compile_s = time.perf_counter() - t0
+        return self.compile_s
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """Index of the first differing token, or None when identical."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -101,11 +168,15 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 class Bench:
     """Runs the configurations on one prompt and keeps their tallies."""
 
-    def __init__(self, model, configs: list[Config], max_new: int, sampling: SamplingParams | None) -> None:
+    def __init__(self, model, configs: list[Config], max_new: int, sampling: SamplingParams | None,
+                 max_prompt_len: int = 0) -> None:
         self.model, self.runner = model, ModelRunner(model)
         self.configs, self.max_new, self.sampling = configs, max_new, sampling
         self.tallies = {c.name: Tally() for c in configs}
         self.runs = 0
+        # one static cache sized to the longest prompt plus max_new_tokens: one compiled graph for all
+        self.compiled = (CompiledGreedy(model, max_prompt_len + max_new)
+                         if any(c.kind == "hf-compiled" for c in configs) else None)
 
     def reset(self) -> None:
         self.tallies = {c.name: Tally() for c in self.configs}
@@ -113,6 +184,9 @@ class Bench:
     def run(self, config: Config, prompt: list[int]) -> tuple[list[int], float]:
         if config.kind in ("hf", "hf-pld"):
             tokens, seconds, _ = run_hf(self.model, prompt, self.max_new, self.sampling, config.pld_tokens)
+            stats = None
+        elif config.kind == "hf-compiled":
+            tokens, seconds = self.compiled.generate(prompt, self.max_new)
             stats = None
         else:
             self.runs += 1  # a new seed per sampled run
@@ -126,7 +200,7 @@ class Bench:
         t.seconds.append(seconds)
         t.tokens += len(tokens)
         # HF greedy takes one step per token; prompt lookup's steps are not reported (compression "-")
-        t.steps += stats.steps if stats else (len(tokens) if config.kind == "hf" else 0)
+        t.steps += stats.steps if stats else (len(tokens) if config.kind in ("hf", "hf-compiled") else 0)
         t.forward_s += stats.forward_s if stats else 0.0
         t.decode_s += stats.decode_s if stats else 0.0
         t.runs += 1
@@ -192,6 +266,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--configs", default="3,2,2;4,3,3", help="semicolon-separated N,W,G")
     ap.add_argument("--pld", default="3,10", help="HF prompt-lookup draft lengths to run as peers ('' for none)")
     ap.add_argument("--no-plain", action="store_true", help="leave out our plain path (e.g. for an identity sweep)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="add the HF compiled greedy peer (StaticCache + torch.compile'd decode step; compiled once, "
+                         "compile time reported apart)")
     ap.add_argument("--pool", choices=["on", "off", "both"], default="on", help="n-grams from prompt and output")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--fp32-reference", action="store_true", help="also compare every output with HF greedy in float32")
@@ -210,12 +287,15 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = load_prompts(args.prompts, tokenizer, args.num_prompts, vocab, args.prompt_len, args.chat)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
     greedy = sampling is None
-    configs = parse_configs(args.configs, args.pool, args.pld, not greedy, plain=not args.no_plain)
+    configs = parse_configs(args.configs, args.pool, args.pld, not greedy, plain=not args.no_plain,
+                            compiled=args.compiled)
     reference_model = None
     if args.fp32_reference and greedy and model.dtype != torch.float32:
         reference_model, _ = load_model(args.model, dtype="float32", device=args.device)
 
-    bench = Bench(model, configs, args.max_new_tokens, sampling)
+    bench = Bench(model, configs, args.max_new_tokens, sampling, max(len(p) for p in prompts))
+    compile_s = bench.compiled.warm_up(prompts[0]) if bench.compiled is not None else None
+    compiles = dict(torch._dynamo.utils.counters["frames"]).get("ok", 0)
     for config in configs:  # warm-up: first-call costs out of the figures
         bench.run(config, prompts[0])
     bench.reset()
@@ -242,16 +322,26 @@ def main(argv: list[str] | None = None) -> dict:
     rows = report_rows(bench, greedy, args.fp32_reference)
     mode = "greedy" if greedy else f"sampling T={sampling.temperature} top_k={sampling.top_k} top_p={sampling.top_p}"
     dtype = str(model.dtype).removeprefix("torch.")
+    cpu = torch.backends.cpu.get_cpu_capability()
     print_table(rows, f"model={args.model} dtype={dtype} prompts={len(prompts)} ({args.prompts or 'random'}"
                       f"{', chat' if args.chat else ''}) max_new_tokens={args.max_new_tokens} "
-                      f"threads={torch.get_num_threads()} {mode}")
+                      f"threads={torch.get_num_threads()} cpu={cpu} {mode}")
+    compiled = None
+    if bench.compiled is not None:
+        recompiles = dict(torch._dynamo.utils.counters["frames"]).get("ok", 0) - compiles
+        compiled = {"compile_s": compile_s, "static_cache_len": bench.compiled.max_cache_len, "recompiles": recompiles,
+                    "freezing": bench.compiled.freezing}
+        print(f"hf-compiled: decode step compiled once in {compile_s:.1f}s (not in the figures), static cache "
+              f"{bench.compiled.max_cache_len} tokens, {recompiles} recompiles after warm-up")
     report = {
         "args": vars(args),
         "dtype": dtype,
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()},
+                    "threads": torch.get_num_threads(), "cpu_capability": cpu},
         "rows": rows,
     }
+    if compiled is not None:
+        report["hf_compiled"] = compiled
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))

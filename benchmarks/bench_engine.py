@@ -1,6 +1,6 @@
 """Engine throughput and latency against concurrency, all in one run.
 
-    python -m benchmarks.bench_engine --model models/tiny-pycoder --prompts benchmarks/prompts/code.jsonl
+    python -m benchmarks.bench_engine --prompts benchmarks/prompts/chat.jsonl --chat --concurrency 1,4,16
 
 Closed loop: `c` requests in flight, a new one as soon as one finishes. Rows: the engine with
 plain batched decoding and with fixed (N, W, G); HF `generate` on left-padded batches of `c`
@@ -23,6 +23,8 @@ from benchmarks.bench_decode import load_prompts
 from lookahead_core import LookaheadParams, ModelRunner, generate
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.request import EngineRequest
+from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.loading import DEFAULT_MODEL, load_model
 
 
@@ -35,7 +37,8 @@ def run_engine(engine: Engine, prompts, concurrency: int, requests: int, max_new
     while pending or engine.has_work():
         while pending and inflight < concurrency:
             i = pending.popleft()
-            engine.add_request(i, prompts[i % len(prompts)], max_new_tokens=max_new, params=params, eos_token_id=[])
+            engine.add_request(EngineRequest(i, tuple(prompts[i % len(prompts)]), StopCondition(max_new),
+                                             params if params is not None else "off"))
             added[i] = time.perf_counter()
             inflight += 1
         for out in engine.step():
@@ -153,6 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("\n" + json.dumps(summary, indent=1))
     report = {"args": vars(args), "rows": {k: {str(c): v for c, v in by.items()} for k, by in rows.items()}, "summary": summary}
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
     return report
 

@@ -90,8 +90,10 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = read_prompts(args.prompts, args.num_prompts)
     body = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     levels = []
-    print(f"model={health.get('model')} dtype={health.get('dtype')} torch_threads={health.get('torch_threads')} "
+    print(f"model={health.get('model')} dtype={health.get('dtype')} cpu_capability={health.get('cpu_capability')} "
+          f"torch_threads={health.get('torch_threads')} kv_slots={health.get('kv_cache', {}).get('slots')} "
           f"max_new_tokens={args.max_new_tokens} temperature={args.temperature} {args.duration:.0f} s per phase, A B B A")
+    print(f"replica RSS before: {health['replica']['rss_mb']} MB")
     print(f"{'users':>5} {'auto tok/s':>11} {'off tok/s':>10} {'ratio':>6} {'auto p50':>9} {'off p50':>8} {'ratio':>6} "
           f"{'auto compr':>10} {'errors':>6}")
     for users in [int(u) for u in args.users.split(",")]:
@@ -113,6 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{a['p50_s']:>8.2f}s {o['p50_s']:>7.2f}s {level['p50_ratio']:>5.2f}x {a['compression']:>10.2f} {level['errors']:>6}",
               flush=True)
     after = requests.get(args.url + "/health", timeout=30).json()
+    print(f"replica RSS after: {after['replica']['rss_mb']} MB (same pid: {after['replica']['pid'] == health['replica']['pid']}); "
+          f"step costs ms: {after.get('step_costs_ms')}")
     report = {"args": vars(args), "health_before": health, "health_after": after, "levels": levels}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,7 @@ def report(result, out: str | None) -> None:
     text = json.dumps(result, indent=2)
     print(text)
     if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text + "\n")
 
 

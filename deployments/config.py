@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.models.loading import DEFAULT_MODEL
-from lookahead_core.policy.controller import PolicyConfig
+from lookahead_core.serving.processor import RequestLimits
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,19 +73,6 @@ class ModelArgs(BaseModel):
         return value
 
 
-class RequestLimits(BaseModel):
-    """What one request may ask for; anything beyond is a 4xx with a message."""
-
-    model_config = ConfigDict(extra="forbid")
-    max_stop_strings: int = Field(16, ge=0)
-    max_stop_chars: int = Field(256, ge=1)
-    max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413 before they are parsed")
-    max_prompt_tokens: int | None = Field(None, ge=1, description="default: the engine's max_seq_len - 1")
-    request_timeout_s: float | None = Field(
-        600, gt=0, description="ceiling on a request's life; a request's own `timeout_s` can only shorten it"
-    )
-
-
 class AuthArgs(BaseModel):
     """Bearer-token auth; off when no key is configured (local use)."""
 
@@ -114,7 +101,6 @@ class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: ModelArgs = ModelArgs()
     engine: EngineConfig = EngineConfig()
-    router: PolicyConfig = PolicyConfig(policy="goodput", profile="configs/profiles/smollm2-135m-cpu-bf16.yaml")
     limits: RequestLimits = RequestLimits()
     auth: AuthArgs = AuthArgs()
     num_gpus: float = Field(0, ge=0, description="GPUs per model replica")

@@ -48,14 +48,14 @@ def parse_lookahead(value):
 
 # The schema documents LookaheadParams' bounds for clients; LookaheadParams alone enforces them.
 _NWG = {"type": "object", "additionalProperties": False, "required": ["n", "w", "g"],
-        "properties": {"n": {"type": "integer", "minimum": 2}, "w": {"type": "integer", "minimum": 1},
-                       "g": {"type": "integer", "minimum": 0},
+        "properties": {**{k: {"type": "integer", "minimum": LookaheadParams.MINIMUM[k]} for k in ("n", "w", "g")},
                        "adapt": {"type": "boolean", "default": True,
                                  "description": "narrow steps that do not pay (false: every step whole)"}}}
 Lookahead = Annotated[
     Literal["auto", "off"] | LookaheadParams, BeforeValidator(parse_lookahead),
     WithJsonSchema({"anyOf": [{"enum": ["auto", "off"], "type": "string"}, _NWG],
-                    "description": "\"auto\" (the replica's router), \"off\", or a fixed (N, W, G)"}),
+                    "description": "\"auto\" (the engine's own (N, W, G), each step as wide as pays), \"off\", "
+                                   "or a fixed (N, W, G)"}),
 ]
 
 
@@ -127,18 +127,19 @@ def _messages(messages: list[ChatMessage] | None) -> tuple[Message, ...] | None:
 
 class GenerateRequest(_Common):
     model_config = ConfigDict(extra="forbid")
-    temperature: float | None = Field(None, json_schema_extra={"minimum": 0, "maximum": 100})
+    temperature: float | None = Field(None, json_schema_extra={"minimum": 0, "maximum": SamplingParams.MAX_TEMPERATURE})
     prompt: str | None = None
     input_ids: list[int] | None = None
     messages: list[ChatMessage] | None = Field(None, description="chat turns, formatted by the model's chat template")
-    max_new_tokens: int = Field(128, ge=1)
+    max_new_tokens: int = Field(128, json_schema_extra={"minimum": 1})  # the rule: stopping.check_max_new_tokens
     stop: list[str] = Field(default_factory=list)
     stream: bool = False
+    ignore_eos: bool = Field(False, description="decode past EOS up to max_new_tokens")
 
     def _serve_request(self) -> ServeRequest:
         return ServeRequest(prompt=self.prompt, input_ids=self.input_ids, messages=_messages(self.messages),
                             max_new_tokens=self.max_new_tokens, stop=tuple(self.stop), lookahead=self.lookahead,
-                            sampling=self.sampling(), timeout_s=self.timeout_s)
+                            sampling=self.sampling(), timeout_s=self.timeout_s, ignore_eos=self.ignore_eos)
 
 
 # OpenAI request fields this server does not implement, each with its one "not used" value

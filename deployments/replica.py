@@ -1,5 +1,5 @@
-"""Model replicas: a thin Ray wrapper that owns the model, the engine thread, the (N, W, G) router
-and the metrics; each request runs through lookahead_core.serving.RequestProcessor."""
+"""Model replicas: a thin Ray wrapper that owns the model, the engine thread and the metrics; each
+request runs through lookahead_core.serving.RequestProcessor."""
 from __future__ import annotations
 
 import logging
@@ -13,15 +13,15 @@ from ray.serve import metrics
 
 from lookahead_core.engine.async_engine import AsyncEngine
 from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.kv_budget import free_memory
 from lookahead_core.engine.model_runner import ModelRunner
-from lookahead_core.lookahead.params import LookaheadParams
-from lookahead_core.models.loading import load_model
-from lookahead_core.policy.auto import AutoLookahead
-from lookahead_core.policy.controller import LookaheadPolicy
-from lookahead_core.serving import Completion, Delta, RequestError, RequestProcessor, ServeRequest, ServingLimits
+from lookahead_core.engine.request import EngineRequest
+from lookahead_core.lookahead.stopping import StopCondition
+from lookahead_core.models.loading import cpu_capability, load_model
+from lookahead_core.serving import Completion, Delta, RequestError, RequestProcessor, ServeRequest
 
 from .autoscaling import RUNNING, WAITING
-from .config import PROJECT_ROOT, AppArgs, resolve_path
+from .config import AppArgs, resolve_path
 
 log = logging.getLogger("ray.serve")
 
@@ -50,23 +50,18 @@ class LookaheadModel:
                     m.dtype, m.device, torch.get_num_threads())
         if tokenizer is None:
             raise ValueError(f"model {m.path!r} has no tokenizer")
-        self.engine = Engine(ModelRunner(model), self.args.engine)
-        router_cfg = self.args.router.model_copy(update={"max_batch": self.args.engine.max_batch})
-        self.auto = AutoLookahead(LookaheadPolicy(router_cfg, base_dir=PROJECT_ROOT, costs=self.engine.runner.costs))
-        profile = self.auto.router.profile
-        if profile is not None and (mismatch := profile.pool_mismatch(self.args.engine.shared_pool_cap)):
-            log.warning(mismatch)
+        cfg = self.args.engine
+        self.engine = Engine(ModelRunner(model, max_layouts=cfg.layout_cache), cfg, free_bytes=free_memory(model.device))
+        log.warning("%s; max_seq_len %d", self.engine.kv_plan.describe(), self.engine.max_seq_len)
         log.warning("warm-up: %.1f s", self._warm_up(tokenizer))
-        self.async_engine = AsyncEngine(self.engine, before_step=self.auto.before_step)
+        self.async_engine = AsyncEngine(self.engine)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-        limits = self.args.limits
         max_prompt = self.engine.max_seq_len - 1
+        limits = self.args.limits
         self.processor = RequestProcessor(
             tokenizer,
             eos_token_ids=[] if eos is None else [eos] if isinstance(eos, int) else eos,
-            limits=ServingLimits(max_prompt_tokens=min(limits.max_prompt_tokens or max_prompt, max_prompt),
-                                 max_stop_strings=limits.max_stop_strings, max_stop_chars=limits.max_stop_chars,
-                                 request_timeout_s=limits.request_timeout_s),
+            limits=limits.model_copy(update={"max_prompt_tokens": min(limits.max_prompt_tokens or max_prompt, max_prompt)}),
             model_name=m.served_name,
         )
         self._metrics()
@@ -75,9 +70,9 @@ class LookaheadModel:
         """A fresh process's first forwards are slow (SmolLM2 on one CPU thread: a first request's
         TTFT 4 s, then 0.2 s): pay them here, before Serve sends this replica any request."""
         start = time.time()
-        prompt = tokenizer("The quick brown fox jumps over the lazy dog.")["input_ids"]
-        for i, params in enumerate((None, LookaheadParams())):
-            self.engine.add_request(f"warm-up-{i}", prompt, max_new_tokens=4, params=params)
+        prompt = tuple(tokenizer("The quick brown fox jumps over the lazy dog.")["input_ids"])
+        for i, lookahead in enumerate(("off", "auto")):
+            self.engine.add_request(EngineRequest(f"warm-up-{i}", prompt, StopCondition(4), lookahead))
             while self.engine.has_work():
                 self.engine.step()
         if self.engine.shared_pool is not None:
@@ -96,9 +91,10 @@ class LookaheadModel:
                                         boundaries=[1, 2, 5, 10, 20, 50, 100, 250])
         self.m_running = metrics.Gauge("lookahead_running_requests", "sequences decoding on this replica")
         self.m_waiting = metrics.Gauge("lookahead_waiting_requests", "sequences queued on this replica")
-        self.m_n = metrics.Gauge("lookahead_router_n", "N chosen by the router (0 = plain)")
-        self.m_w = metrics.Gauge("lookahead_router_w", "W chosen by the router")
-        self.m_g = metrics.Gauge("lookahead_router_g", "G chosen by the router")
+        self.m_steps = metrics.Counter("lookahead_steps", "decode steps of finished requests, by the kind each row ran",
+                                       tag_keys=("kind",))
+        self.m_width = metrics.Histogram("lookahead_step_width", "a request's mean step rows fed to the model",
+                                         boundaries=[1, 2, 4, 8, 16, 32, 64], tag_keys=tags)
 
     def check_health(self) -> None:
         """Serve calls this every health_check_period_s; a dead engine thread gets the replica replaced."""
@@ -112,19 +108,19 @@ class LookaheadModel:
 
     def info(self) -> dict:
         running, waiting = self.async_engine.queue_depth()
-        cur = self.auto.current
         engine = self.engine
         return {
             "model": self.args.model.served_name,
             "dtype": self.dtype,
             "device": self.args.model.device,
+            "cpu_capability": cpu_capability(),
             "torch_threads": torch.get_num_threads(),
             "running": running,
             "waiting": waiting,
             "replica": {"pid": os.getpid(), "started_at": round(self.started, 3), "rss_mb": _rss_mb(),
                         "engine_steps": engine.steps, "aborted_requests": engine.aborted},
-            "router": {"policy": self.args.router.policy, "current": None if cur is None else [cur.n, cur.w, cur.g],
-                       "steps_by_choice": self.auto.choice_counts(), "cost_scale": round(self.auto.router.cost_scale, 3)},
+            "kv_cache": {**engine.kv_plan.as_dict(), "max_seq_len": engine.max_seq_len},
+            "auto_lookahead": engine.config.lookahead.label,
             "step_costs_ms": engine.runner.costs.table(),
         }
 
@@ -132,7 +128,7 @@ class LookaheadModel:
         """Stream a Delta per engine step, then the Completion; a refused or failed request ends
         with its RequestError (the only item when it is refused before its first token)."""
         try:
-            async for item in self.processor.run(req, self.async_engine, self.auto):
+            async for item in self.processor.run(req, self.async_engine):
                 if isinstance(item, Delta) and item.token_ids:
                     self.m_accepted.observe(len(item.token_ids), tags={"lookahead": req.mode})
                 elif isinstance(item, Completion):
@@ -151,10 +147,10 @@ class LookaheadModel:
         running, waiting = self.async_engine.queue_depth()
         self.m_running.set(running)
         self.m_waiting.set(waiting)
-        cur = self.auto.current
-        self.m_n.set(cur.n if cur else 0)
-        self.m_w.set(cur.w if cur else 0)
-        self.m_g.set(cur.g if cur else 0)
+        for kind, steps in c.lookahead.steps_by_kind.items():
+            self.m_steps.inc(steps, tags={"kind": kind})
+        if c.lookahead.mean_width is not None:
+            self.m_width.observe(c.lookahead.mean_width, tags={"lookahead": c.lookahead.mode})
 
     def __del__(self) -> None:
         engine = getattr(self, "async_engine", None)

@@ -4,7 +4,7 @@
     python -m loadtests.campaign --config loadtests/campaigns/smoke.yaml --host http://127.0.0.1:8000
 
 Policies are the requests' `lookahead` field: "off" (plain), "n,w,g" (fixed) or "auto" (the
-server's router). Without --host (or `host:` in the file) the campaign starts
+engine's own setting, each step as wide as pays). Without --host (or `host:` in the file) the campaign starts
 `serve run <serve_config>` and stops it at the end.
 """
 from __future__ import annotations
@@ -109,7 +109,7 @@ def write_report(c: Campaign, results: list[dict], out: Path) -> Path:
     lines = [f"# Load-test campaign `{c.name}`", "",
              f"{len(c.stages)} stages x {len(c.policies)} policies; prompts `{c.prompt_set}`, max_new_tokens {c.max_new_tokens}, "
              f"SLO file `{c.slo}`. Latencies in ms. Goodput = requests per second that met every SLO bound.", "",
-             "| policy | users | requests | fail | TTFT p50 / p95 | TPOT p50 / p95 | e2e p50 / p95 | tokens/s | goodput req/s | compression p50 | router mix | SLO |",
+             "| policy | users | requests | fail | TTFT p50 / p95 | TPOT p50 / p95 | e2e p50 / p95 | tokens/s | goodput req/s | compression p50 | steps by kind | SLO |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in results:
         mix = ", ".join(f"{k}: {v}" for k, v in sorted(r.get("mix", {}).items()))
@@ -155,13 +155,13 @@ def write_report(c: Campaign, results: list[dict], out: Path) -> Path:
             a.bar([str(r["users"]) for r in auto], share, bottom=bottom, label=k)
             bottom = [b + s for b, s in zip(bottom, share)]
         a.set_xlabel("concurrent users")
-        a.set_ylabel("share of requests")
-        a.set_title("router's (N,W,G) at the end of each request, policy auto")
+        a.set_ylabel("share of decode steps")
+        a.set_title("what the planner ran for \"auto\" requests: plain, verify or full steps")
         a.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / "router_mix.png", dpi=100)
+        fig.savefig(out / "step_kinds.png", dpi=100)
         plt.close(fig)
-        lines += ["", "![router mix](router_mix.png)"]
+        lines += ["", "![step kinds](step_kinds.png)"]
     lines += ["", "![latency and throughput](latency_throughput.png)", ""]
     (out / "README.md").write_text("\n".join(lines))
     (out / "results.json").write_text(json.dumps(results, indent=1))

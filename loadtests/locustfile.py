@@ -114,8 +114,8 @@ class GenerateUser(HttpUser):
         _record(env, "output_tokens_per_s", count / (end - t0))
         RUN["met_slo"] += all(measured.get(k, 0.0) <= v for k, v in LIMITS.items())
         la = summary["lookahead"]
-        key = "plain" if la["n"] is None else f"({la['n']},{la['w']},{la['g']})"
-        RUN["mix"][key] = RUN["mix"].get(key, 0) + 1
+        for kind, steps in la.get("steps_by_kind", {}).items():  # what the engine's planner ran
+            RUN["mix"][kind] = RUN["mix"].get(kind, 0) + steps
         if la["compression"]:
             RUN["compression"].append(la["compression"])
         RUN["steps"] += la["steps"]
@@ -141,7 +141,7 @@ def _verdict(environment, **_kwargs) -> None:
     completed = gen.num_requests - gen.num_failures
     breaches = verdict(cfg, figs, completed, error_rate)
     print("\n" + table(cfg, figs))
-    print(f"requests {gen.num_requests}, failures {gen.num_failures}; lookahead mix {RUN['mix']}")
+    print(f"requests {gen.num_requests}, failures {gen.num_failures}; steps by kind {RUN['mix']}")
     print("SLO: " + ("met" if not breaches else "BREACHED: " + "; ".join(breaches)))
     if opts.summary_json:
         compression = sorted(RUN["compression"])

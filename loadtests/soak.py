@@ -1,7 +1,7 @@
 """Soak (and optional replica kill) under locust load, sampling the model replica's memory.
 
-    python -m loadtests.soak --minutes 20 --users 4 --out docs/loadtests/soak
-    python -m loadtests.soak --minutes 3 --users 4 --kill-at 60 --out docs/loadtests/kill
+    python -m loadtests.soak --minutes 20 --users 4 --out results/loadtests/soak
+    python -m loadtests.soak --minutes 3 --users 4 --kill-at 60 --out results/loadtests/kill
 
 Without --host it starts `serve run serve_config.yaml` and stops it at the end. Every
 --sample-s seconds it reads /health (replica pid, RSS, queue depth). With --kill-at it kills the

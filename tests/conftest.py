@@ -2,6 +2,7 @@
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -61,8 +62,8 @@ def server(tiny_model_dir):
                 raise
     args = {
         "model": {"path": str(tiny_model_dir), "name": "tiny", "dtype": "float32", "chat_template": TINY_CHAT_TEMPLATE},
-        "engine": {"max_batch": 4, "max_seq_len": 256, "max_new_tokens": 64, "prefill_chunk": 32},
-        "router": {"policy": "fixed", "fixed": {"n": 3, "w": 3, "g": 3}},
+        "engine": {"max_batch": 4, "max_seq_len": 256, "max_new_tokens": 64, "prefill_chunk": 32,
+                   "lookahead": {"n": 3, "w": 3, "g": 3}},
         "num_cpus": 0,
     }
     serve.run(build_app(args), name="lookahead", route_prefix="/")
@@ -80,3 +81,33 @@ def server(tiny_model_dir):
     ray.shutdown()
 
 torch.set_num_threads(2)
+
+
+# Test tiers (markers registered in pyproject.toml): `make test-fast` runs `-m "not serve and not cluster
+# and not slow"`, `make test` runs everything. Set here by path and fixture, so test modules need no marks.
+TESTS = Path(__file__).resolve().parent
+# Modules under tests/deployments/ and tests/loadtests/ that start no Ray (config, schema, guard,
+# protocol and policy arithmetic; SLO, shape and report helpers): they stay in the fast tier.
+NO_RAY = {
+    "deployments/test_autoscaling.py", "deployments/test_configs.py", "deployments/test_guard.py",
+    "deployments/test_kuberay.py", "deployments/test_protocol.py",
+    "loadtests/test_guidellm_summary.py", "loadtests/test_shapes.py", "loadtests/test_slo.py", "loadtests/test_soak.py",
+}
+# Modules that load the real default model, SmolLM2-135M-Instruct (lookahead_core.models.loading.DEFAULT_MODEL).
+REAL_MODEL = {"models/test_smollm2.py", "deployments/test_default_model.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        try:
+            rel = Path(item.path).resolve().relative_to(TESTS).as_posix()
+        except ValueError:
+            continue
+        if rel.startswith("cluster/"):
+            item.add_marker(pytest.mark.cluster)
+            item.add_marker(pytest.mark.slow)  # the cluster's replicas serve the real model
+        if ("server" in item.fixturenames or rel == "benchmarks/test_bench_http.py"
+                or (rel.startswith(("deployments/", "loadtests/")) and rel not in NO_RAY)):
+            item.add_marker(pytest.mark.serve)
+        if rel in REAL_MODEL:
+            item.add_marker(pytest.mark.slow)

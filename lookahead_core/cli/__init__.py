@@ -1,1 +1,1 @@
-"""Command-line entry points: `python -m lookahead_core.cli.demo`, `python -m lookahead_core.cli.profile`."""
+"""Command-line entry points: `python -m lookahead_core.cli.demo`."""

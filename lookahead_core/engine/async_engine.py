@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
-from collections.abc import Sequence as Seq
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from lookahead_core.engine.engine import Engine, StepOutput
-from lookahead_core.lookahead.params import LookaheadParams
-from lookahead_core.lookahead.sampling import SamplingParams
+from lookahead_core.engine.request import EngineRequest
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +25,7 @@ class AddCommand:
     """Queue a request; `accepted` settles once the engine took it in (or refused it, with the error),
     then its StepOutputs go to `queue` on the caller's `loop`."""
 
-    seq_id: str | int
-    prompt: list[int]
-    max_new_tokens: int
-    params: LookaheadParams | None
-    eos_token_id: int | Iterable[int] | None
-    stop_token_ids: Iterable[int]
-    sampling: SamplingParams | None
-    logprobs: int | None
-    prompt_logprobs: int | None
+    request: EngineRequest
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     accepted: asyncio.Future
@@ -47,30 +36,20 @@ class AbortCommand:
     seq_id: str | int
 
 
-@dataclass(frozen=True)
-class SetParamsCommand:
-    seq_id: str | int
-    params: LookaheadParams | None
-
-
-Command = AddCommand | AbortCommand | SetParamsCommand
+Command = AddCommand | AbortCommand
 
 
 class AsyncEngine:
     """Owns an `Engine` on a dedicated thread, so model forwards never block the event loop.
 
     Every engine call happens on that thread; callers talk to it through a command queue.
-    `before_step(engine)`, if given, runs on the engine thread before each step (the router uses
-    it to re-choose each running request's (N, W, G)).
     """
 
-    def __init__(self, engine: Engine, before_step: Callable[[Engine], None] | None = None) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.before_step = before_step
         self._commands: deque[Command] = deque()
         self._wake = threading.Event()
         self._streams: dict[str | int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._ids = itertools.count()
         self._depth = (0, 0)
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="lookahead-engine", daemon=True)
@@ -78,33 +57,19 @@ class AsyncEngine:
 
     # ---- caller side ------------------------------------------------------------------------
 
-    async def generate(
-        self,
-        prompt: Seq[int],
-        *,
-        max_new_tokens: int,
-        params: LookaheadParams | None = None,
-        eos_token_id: int | Iterable[int] | None = None,
-        stop_token_ids: Iterable[int] = (),
-        request_id: str | None = None,
-        sampling: SamplingParams | None = None,
-        timeout_s: float | None = None,
-        logprobs: int | None = None,
-        prompt_logprobs: int | None = None,
-    ) -> AsyncIterator[StepOutput]:
+    async def generate(self, request: EngineRequest, timeout_s: float | None = None) -> AsyncIterator[StepOutput]:
         """Yield one `StepOutput` per engine step that accepted tokens for this request.
 
         Raises ValueError / EngineOverloaded before the first yield if the engine refuses the
         request, and `RequestTimeout` once `timeout_s` has passed since the call (the request is
         aborted). Closing the iterator early (a client gone) aborts the request.
         """
-        seq_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        seq_id = request.request_id
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         queue: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
-        self._submit(AddCommand(seq_id, list(prompt), max_new_tokens, params, eos_token_id, stop_token_ids, sampling,
-                                logprobs, prompt_logprobs, loop, queue, accepted))
+        self._submit(AddCommand(request, loop, queue, accepted))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -125,9 +90,6 @@ class AsyncEngine:
 
     def abort(self, seq_id: str | int) -> None:
         self._submit(AbortCommand(seq_id))
-
-    def set_params(self, seq_id: str | int, params: LookaheadParams | None) -> None:
-        self._submit(SetParamsCommand(seq_id, params))
 
     def queue_depth(self) -> tuple[int, int]:
         """(running, waiting) as of the engine's last step, plus requests not yet taken in."""
@@ -160,8 +122,6 @@ class AsyncEngine:
                 self._wake.clear()
                 continue
             try:
-                if self.before_step is not None:
-                    self.before_step(engine)
                 outputs = engine.step()
             except Exception as exc:  # keep serving: fail what was in flight, start clean
                 log.exception("engine step failed")
@@ -176,25 +136,18 @@ class AsyncEngine:
         while self._commands:
             cmd = self._commands.popleft()
             if isinstance(cmd, AddCommand):
+                seq_id = cmd.request.request_id
                 try:
-                    engine.add_request(cmd.seq_id, cmd.prompt, max_new_tokens=cmd.max_new_tokens, params=cmd.params,
-                                       eos_token_id=cmd.eos_token_id, stop_token_ids=cmd.stop_token_ids,
-                                       sampling=cmd.sampling, logprobs=cmd.logprobs,
-                                       prompt_logprobs=cmd.prompt_logprobs)
+                    engine.add_request(cmd.request)
                 except Exception as exc:
                     _call_soon(cmd.loop, _settle, cmd.accepted, exc)
                     continue
                 if _call_soon(cmd.loop, _settle, cmd.accepted, None):
-                    self._streams[cmd.seq_id] = (cmd.loop, cmd.queue)
+                    self._streams[seq_id] = (cmd.loop, cmd.queue)
                 else:  # the caller's event loop is gone
-                    engine.abort(cmd.seq_id)
+                    engine.abort(seq_id)
             elif isinstance(cmd, AbortCommand):
                 engine.abort(cmd.seq_id)
-            elif isinstance(cmd, SetParamsCommand):
-                try:
-                    engine.set_params(cmd.seq_id, cmd.params)
-                except ValueError:
-                    log.warning("ignored out-of-range params %s for %s", cmd.params, cmd.seq_id)
 
     def _deliver(self, seq_id, item, final: bool) -> None:
         target = self._streams.pop(seq_id, None) if final else self._streams.get(seq_id)

@@ -1,18 +1,45 @@
 """Limits of the batching engine, validated once and passed in."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lookahead_core.lookahead.params import LookaheadParams
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_memory(value: str | float | int) -> float | int:
+    """"512MiB" / "2GB" / 1048576 -> bytes (int); a float in (0, 1] -> that fraction of free memory."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected bytes (\"512MiB\") or a fraction in (0, 1], got {value!r}")
+    if isinstance(value, float):
+        if not 0 < value <= 1:
+            raise ValueError(f"a fraction of free memory must be in (0, 1], got {value}")
+        return value
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"a memory size must be >= 1 byte, got {value}")
+        return value
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"memory must look like \"512MiB\", \"2GB\" or a fraction such as 0.8, got {value!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
 
 class EngineConfig(BaseModel):
-    """Sizes every buffer of the engine up front: slots x capacity of KV, step rows, masks."""
+    """Sizes every buffer of the engine up front (KV slots x capacity, step rows, masks) and holds
+    what the step planner needs: the "auto" lookahead setting, the TPOT cap, the cost prior."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_batch: int = Field(16, ge=1, le=512, description="sequences decoded together (KV slots)")
+    max_batch: int = Field(16, ge=1, le=512, description="most sequences decoded together (KV slots); the KV budget may allow fewer")
     max_seq_len: int | None = Field(None, ge=2, description="prompt + new tokens; default: the model's context length")
+    kv_cache_memory: str | float | int | None = Field(
+        None, description="KV cache budget: bytes (\"512MiB\", \"2GB\") or a fraction of the memory free at start "
+                          "(0.9); the replica fits as many sequences of max_seq_len as it holds, up to max_batch. "
+                          "None: max_batch slots whatever they take")
     max_new_tokens: int = Field(512, ge=1, description="largest max_new_tokens a request may ask for")
     prefill_chunk: int = Field(128, ge=1, description="prompt tokens prefilled per engine step")
     max_waiting: int = Field(1024, ge=0, description="requests queued beyond the running ones")
@@ -20,6 +47,11 @@ class EngineConfig(BaseModel):
     max_w: int = Field(16, ge=1)
     max_g: int = Field(16, ge=0)
     max_lookup: int = Field(16, ge=0, description="longest prompt-lookup candidate a request may ask for")
+    lookahead: LookaheadParams = Field(LookaheadParams(), description="(N, W, G) of requests that ask for lookahead \"auto\"")
+    slo_tpot_ms: float | None = Field(
+        None, gt=0, description="time per output token a step may not exceed by widening: a cap on step width")
+    cost_prior_slope: float = Field(
+        0.05, ge=0, description="before forwards are measured, a step of w tokens is priced 1 + slope x (w - 1) one-token steps")
     shared_pool_cap: int = Field(
         8, ge=0, description="continuations per token in the replica's shared n-gram pool of finished requests' text; 0 turns it off"
     )
@@ -27,6 +59,25 @@ class EngineConfig(BaseModel):
     shared_pool_text: int = Field(
         512, ge=2, description="tokens at the end of a finished request (prompt tail and output) added to the shared pool"
     )
+    layout_cache: int = Field(32, ge=1, description="step layouts kept, one per (N, W, G, lookup) in use")
+
+    @field_validator("kv_cache_memory", mode="before")
+    @classmethod
+    def _memory(cls, value):
+        return None if value is None else parse_memory(value)
+
+    @field_validator("lookahead", mode="before")
+    @classmethod
+    def _lookahead(cls, value):
+        return LookaheadParams(**value) if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _auto_fits(self) -> EngineConfig:
+        try:
+            self.check_params(self.lookahead)
+        except ValueError as exc:
+            raise ValueError(f"engine.lookahead (the \"auto\" setting) does not fit the engine: {exc}") from None
+        return self
 
     @property
     def max_step_tokens(self) -> int:

@@ -1,26 +1,31 @@
 """The continuous-batching engine: requests join and leave at any step, one decode forward per step."""
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
-from collections.abc import Iterable
-from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from lookahead_core.engine.config import EngineConfig
+from lookahead_core.engine.kv_budget import KVPlan, free_memory, plan_kv
 from lookahead_core.engine.kv_cache import BatchKVCache
-from lookahead_core.engine.logprobs import TokenLogprob, check_top, token_logprobs
+from lookahead_core.engine.logprobs import TokenLogprob, token_logprobs
 from lookahead_core.engine.model_runner import ModelRunner
-from lookahead_core.engine.scheduler import Scheduler
-from lookahead_core.engine.sequence import Sequence, Status
+from lookahead_core.engine.planner import StepPlanner
+from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.scheduler import Scheduler, SlotMove
+from lookahead_core.engine.sequence import Row, Sequence, SequenceStats
 from lookahead_core.engine.step_buffers import BatchStepBuffers
-from lookahead_core.lookahead.pacing import batch_width
+from lookahead_core.lookahead.pacing import StepKind
 from lookahead_core.lookahead.params import LookaheadParams
-from lookahead_core.lookahead.sampling import SamplingParams
+from lookahead_core.lookahead.sampling import SamplingParams, sample_rows
 from lookahead_core.lookahead.shared_pool import SharedNGramPool
-from lookahead_core.lookahead.stopping import StopCondition
+from lookahead_core.lookahead.stopping import FinishReason
+
+log = logging.getLogger(__name__)
 
 
 class EngineOverloaded(RuntimeError):
@@ -29,49 +34,53 @@ class EngineOverloaded(RuntimeError):
 
 @dataclass
 class StepOutput:
+    """One request's share of a step: the tokens it accepted, what kind of row it ran and how
+    wide; on its last output the finish reason and the request's `SequenceStats`."""
+
     seq_id: str | int
     tokens: list[int]
-    finish_reason: str | None = None
-    stats: dict = field(default_factory=dict)
+    finish_reason: FinishReason | None = None
+    kind: StepKind | None = None
+    width: int = 0
+    stats: SequenceStats | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output; the first token has none
 
 
-def _stats(seq: Sequence) -> dict:
-    new = len(seq.new_tokens)
-    return {
-        "prompt_tokens": seq.prompt_len,
-        "new_tokens": new,
-        "steps": seq.steps,
-        "compression": new / seq.steps if seq.steps else 0.0,
-        "accepted_histogram": dict(sorted(seq.accepted_histogram.items())),
-        "planned_tokens": seq.planned_tokens,
-    }
-
-
 class Engine:
-    """Synchronous engine: `add_request`, `step`, `abort`, `set_params`, `queue_depth`.
+    """Synchronous engine: `add_request`, `step`, `abort`, `queue_depth`.
 
     Each step runs at most one prefill chunk (for the sequence being admitted) and one decode
-    forward over every running sequence, each with its own layout, padded to the widest.
+    forward over every running sequence, each with its own row, padded to the widest. The
+    scheduler decides which sequence holds which KV slot; the engine applies its slot moves.
     """
 
-    def __init__(self, model: torch.nn.Module | ModelRunner, config: EngineConfig | None = None) -> None:
-        self.runner = model if isinstance(model, ModelRunner) else ModelRunner(model)
-        self.config = config or EngineConfig()
-        ctx = self.runner.context_length
-        self.max_seq_len = self.config.max_seq_len or ctx or 2048
+    def __init__(self, model: torch.nn.Module | ModelRunner, config: EngineConfig | None = None,
+                 free_bytes: int | None = None) -> None:
+        self.config = cfg = config or EngineConfig()
+        self.runner = r = model if isinstance(model, ModelRunner) else ModelRunner(model, max_layouts=cfg.layout_cache)
+        r.costs.prior_slope = cfg.cost_prior_slope
+        ctx = r.context_length
+        self.max_seq_len = cfg.max_seq_len or ctx or 2048
         if ctx is not None and self.max_seq_len > ctx:
             raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the model's context length {ctx}")
-        self.runner.check_length(self.max_seq_len)
-        cfg, r = self.config, self.runner
+        r.check_length(self.max_seq_len)
         capacity = self.max_seq_len + cfg.max_step_tokens
-        self.cache = BatchKVCache(r.num_layers, cfg.max_batch, capacity, r.device)
-        self.buffers = BatchStepBuffers(cfg.max_batch, cfg.max_step_tokens, capacity, r.dtype, r.device)
-        self.scheduler = Scheduler(cfg.max_batch, cfg.prefill_chunk)
-        self.shared_pool = SharedNGramPool(cfg.shared_pool_cap, cfg.shared_pool_keys, cfg.shared_pool_text) if cfg.shared_pool_cap else None
+        budget = cfg.kv_cache_memory
+        if isinstance(budget, float) and free_bytes is None:
+            free_bytes = free_memory(r.device)
+        self.kv_plan: KVPlan = plan_kv(cfg.max_batch, capacity, r.kv_bytes_per_token,
+                                       cfg.max_step_tokens * capacity * r.dtype.itemsize, budget, free_bytes)
+        self.max_batch = slots = self.kv_plan.slots
+        self.cache = BatchKVCache(r.num_layers, slots, capacity, r.device)
+        self.buffers = BatchStepBuffers(slots, cfg.max_step_tokens, capacity, r.dtype, r.device)
+        self.scheduler = Scheduler(slots, cfg.prefill_chunk)
+        self.planner = StepPlanner(r.costs, slots, cfg.slo_tpot_ms)
+        self.shared_pool = (SharedNGramPool(cfg.shared_pool_cap, cfg.shared_pool_keys, cfg.shared_pool_text)
+                            if cfg.shared_pool_cap else None)
         self._prefill_mask = torch.zeros((1, 1, cfg.prefill_chunk, capacity), dtype=r.dtype, device=r.device)
-        self._causal = torch.full((cfg.prefill_chunk, cfg.prefill_chunk), torch.finfo(r.dtype).min, dtype=r.dtype, device=r.device).triu_(1)
+        self._causal = torch.full((cfg.prefill_chunk, cfg.prefill_chunk), torch.finfo(r.dtype).min, dtype=r.dtype,
+                                  device=r.device).triu_(1)
         self._max_position = (ctx or np.iinfo(np.int64).max) - 1
         self._seqs: dict[str | int, Sequence] = {}
         self._finished_early: list[StepOutput] = []
@@ -83,93 +92,57 @@ class Engine:
 
     # ---- requests -------------------------------------------------------------------------
 
-    def add_request(
-        self,
-        seq_id: str | int,
-        prompt: Seq[int],
-        *,
-        max_new_tokens: int,
-        params: LookaheadParams | None = None,
-        eos_token_id: int | Iterable[int] | None = None,
-        stop_token_ids: Iterable[int] = (),
-        sampling: SamplingParams | None = None,
-        logprobs: int | None = None,
-        prompt_logprobs: int | None = None,
-    ) -> None:
-        """Queue a request; raises ValueError (bad request) or EngineOverloaded (queue full).
-
-        logprobs / prompt_logprobs: report each new / prompt token's log-probability with that
-        many most likely alternatives (0: the token's own only; None: not at all)."""
-        if seq_id in self._seqs:
-            raise ValueError(f"request id {seq_id!r} is already in the engine")
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise ValueError("the prompt must hold at least one token")
-        if params is not None and not isinstance(params, LookaheadParams):
-            raise TypeError(f"params must be LookaheadParams or None, got {type(params).__name__}")
+    def resolve(self, req: EngineRequest) -> LookaheadParams | None:
+        """The (N, W, G) a request runs: its own, the engine's for "auto", None for "off"."""
+        if req.lookahead == "off":
+            return None
+        params = self.config.lookahead if req.lookahead == "auto" else req.lookahead
         self.config.check_params(params)
-        if sampling is not None and not isinstance(sampling, SamplingParams):
-            raise TypeError(f"sampling must be SamplingParams or None, got {type(sampling).__name__}")
-        check_top("logprobs", logprobs)
-        check_top("prompt_logprobs", prompt_logprobs)
-        stop = StopCondition.build(max_new_tokens, eos_token_id, stop_token_ids)
-        if max_new_tokens > self.config.max_new_tokens:
-            raise ValueError(f"max_new_tokens={max_new_tokens} exceeds this engine's limit of {self.config.max_new_tokens}")
-        if len(prompt) + max_new_tokens > self.max_seq_len:
-            raise ValueError(
-                f"prompt of {len(prompt)} tokens plus max_new_tokens={max_new_tokens} exceeds this engine's "
-                f"limit of {self.max_seq_len} tokens"
-            )
-        self.runner.check_tokens(prompt)
+        return params
+
+    def add_request(self, req: EngineRequest) -> None:
+        """Queue a request; raises ValueError (beyond this engine's limits) or EngineOverloaded (queue full)."""
+        if not isinstance(req, EngineRequest):
+            raise TypeError(f"add_request takes an EngineRequest, got {type(req).__name__}")
+        if req.request_id in self._seqs:
+            raise ValueError(f"request id {req.request_id!r} is already in the engine")
+        params = self.resolve(req)
+        new = req.max_new_tokens
+        if new > self.config.max_new_tokens:
+            raise ValueError(f"max_new_tokens={new} exceeds this engine's limit of {self.config.max_new_tokens}")
+        if len(req.prompt) + new > self.max_seq_len:
+            raise ValueError(f"prompt of {len(req.prompt)} tokens plus max_new_tokens={new} exceeds this engine's "
+                             f"limit of {self.max_seq_len} tokens")
+        self.runner.check_tokens(req.prompt)
         # Requests that will get a free slot at the next step are not "waiting"; a burst that
         # arrives between two steps must not be refused while slots are free.
         sched = self.scheduler
-        free = self.config.max_batch - len(sched.running) - (sched.prefilling is not None)
-        if len(sched.waiting) >= self.config.max_waiting + max(free, 0):
+        if len(sched.waiting) >= self.config.max_waiting + max(sched.free_slots(), 0):
             raise EngineOverloaded(f"{len(sched.waiting)} requests are already waiting for a slot")
-        seq = Sequence(seq_id, prompt, params, stop, self.runner.layout, sampling, self.shared_pool)
-        seq.logprobs, seq.prompt_logprobs = logprobs, prompt_logprobs
-        if prompt_logprobs is not None:
-            seq.prompt_lp = [None]
-        self._seqs[seq_id] = seq
-        self.scheduler.add(seq)
-
-    def set_params(self, seq_id: str | int, params: LookaheadParams | None) -> None:
-        """Change a request's (N, W, G) from its next step on."""
-        self.config.check_params(params)
-        seq = self._seqs.get(seq_id)
-        if seq is not None:
-            seq.set_params(params)
+        seq = Sequence(req, params, self.runner.layout, self.shared_pool)
+        self._seqs[req.request_id] = seq
+        sched.add(seq)
 
     def abort(self, seq_id: str | int) -> bool:
-        """Stop a request; its slot is freed at the next step. False if it is unknown or done."""
+        """Stop a request; its slot is freed at once, or at the next step if it is running. False
+        if it is unknown or done."""
         seq = self._seqs.get(seq_id)
         if seq is None or seq.finished:
             return False
-        seq.finish_reason = "abort"
-        seq.status = Status.FINISHED
-        sched = self.scheduler
-        if sched.remove_waiting(seq):
+        running = seq in self.scheduler.running
+        self._apply(self.scheduler.abort(seq))
+        if not running:
             del self._seqs[seq_id]
-        elif sched.prefilling is seq:
-            sched.prefilling = None
-            self.cache.lengths[len(sched.running)] = 0
-            del self._seqs[seq_id]
-        self._finished_early.append(StepOutput(seq_id, [], "abort", _stats(seq)))
+        self._finished_early.append(StepOutput(seq_id, [], FinishReason.ABORT, stats=seq.stats))
         self.aborted += 1
         return True
 
     def abort_all(self) -> None:
         """Drop every request and free every slot (after a failed step)."""
-        sched = self.scheduler
-        for seq in self._seqs.values():
-            seq.finish_reason, seq.status = "abort", Status.FINISHED
+        self.scheduler.abort_all()
         self._seqs.clear()
         self._finished_early.clear()
-        sched.waiting.clear()
-        sched.running.clear()
-        sched.prefilling = None
-        for slot in range(self.config.max_batch):
+        for slot in range(self.max_batch):
             self.cache.lengths[slot] = 0
             self.buffers.reset_slot(slot, 0)
 
@@ -180,11 +153,6 @@ class Engine:
 
     def has_work(self) -> bool:
         return bool(len(self.scheduler) or self._finished_early)
-
-    def running_progress(self) -> dict[str | int, tuple[LookaheadParams | None, int, int, int]]:
-        """(params, decode steps, new tokens, step rows fed) of each running sequence."""
-        return {seq.seq_id: (seq.params, seq.steps, len(seq.tokens) - seq.prompt_len, seq.planned_tokens)
-                for seq in self.scheduler.running}
 
     # ---- the step -------------------------------------------------------------------------
 
@@ -206,7 +174,7 @@ class Engine:
         return outputs
 
     def _prefill(self, seq: Sequence, start: int, n: int) -> None:
-        slot = len(self.scheduler.running)
+        slot = seq.slot
         t0 = time.perf_counter()
         if n > 0:
             ids = torch.tensor([seq.tokens[start : start + n]], dtype=torch.long, device=self.runner.device)
@@ -214,7 +182,8 @@ class Engine:
             m[:n, start : start + n].copy_(self._causal[:n, :n])
             self.cache.prepare_slot(slot, start, n)
             top = seq.prompt_logprobs
-            logits = self.runner.prefill(ids, start, self.cache, self._prefill_mask[:, :, :n, : start + n], all_logits=top is not None)
+            logits = self.runner.prefill(ids, start, self.cache, self._prefill_mask[:, :, :n, : start + n],
+                                         all_logits=top is not None)
             m[:n, start : start + n].zero_()
             if top is not None:  # row i predicts prompt token start + i + 1
                 seq.prompt_lp += token_logprobs(logits[0], range(n), seq.tokens[start + 1 : start + n + 1], top)
@@ -224,48 +193,47 @@ class Engine:
             self.buffers.reset_slot(slot, start + n)
 
     def _decode(self) -> list[StepOutput]:
-        running = self.scheduler.running
+        sched = self.scheduler
+        running = sched.running
         buf, cache, lengths = self.buffers, self.cache, self.cache.lengths
-        rows = len(running)
-        costs = self.runner.costs
-        proposals = [seq.propose(costs, rows) for seq in running]
-        menus = [menu for menu, _ in proposals if menu is not None]
-        cap = max(floor for _, floor in proposals)
-        if menus:
-            cap = batch_width(menus, lambda w: costs.ratio(rows, w), cap)
-        widths = [seq.plan(buf.ids[b], cap) for b, seq in enumerate(running)]
-        width = max(widths)
-        for b, seq in enumerate(running):
-            n, start = widths[b], lengths[b]
+        batch = len(running)
+        choices = self.planner.plan([seq.offer() for seq in running], len(sched.waiting) + (sched.prefilling is not None))
+        rows = [seq.plan(buf.ids[b], choice) for b, (seq, choice) in enumerate(zip(running, choices))]
+        width = max(row.width for row in rows)
+        for b, (seq, row) in enumerate(zip(running, rows)):
+            n, start = row.width, lengths[b]
             pos = buf.pos[b]
-            np.add(seq.offsets[:n], start, out=pos[:n])
+            np.add(row.offsets[:n], start, out=pos[:n])
             pos[n:width] = start
             np.minimum(pos[:width], self._max_position, out=pos[:width])
             buf.ids[b, n:width] = 0
             np.add(buf.arange[:width], start, out=buf.write_index[b, :width])
-            buf.write_block(b, start, seq.template[:n, :n], width)
+            buf.write_block(b, start, row.template[:n, :n], width)
             tree = seq.tree
             if tree.size > 1:
-                buf.write_tree(b, seq.cand_start, tree.visible[: tree.size, : tree.size])
-        buf.to_device(rows, width)
-        kv_len = max(lengths[:rows]) + width
-        cache.prepare_rows(rows, buf.dev[2, :rows, :width], kv_len)
+                buf.write_tree(b, row.cand_start, tree.visible[: tree.size, : tree.size])
+        buf.to_device(batch, width)
+        kv_len = max(lengths[:batch]) + width
+        cache.prepare_rows(batch, buf.dev[2, :batch, :width], kv_len)
         t1 = time.perf_counter()
-        pred, logits = self.runner.forward(buf.dev[0, :rows, :width], buf.dev[1, :rows, :width], buf.mask[:rows, :, :width, :kv_len], cache)
+        pred, logits = self.runner.forward(buf.dev[0, :batch, :width], buf.dev[1, :batch, :width],
+                                           buf.mask[:batch, :, :width, :kv_len], cache)
         self.forward_s += time.perf_counter() - t1
 
+        drawn = self._draw(running, rows, logits)
         outputs, slots, src, dst = [], [], [], []
-        for b, seq in enumerate(running):
-            rows, accepted = seq.accept(pred[b], logits[b] if seq.sampling is not None else None)
+        for b, (seq, row) in enumerate(zip(running, rows)):
+            accepted_rows, accepted = seq.accept(pred[b], row, drawn.get(b))
             start = lengths[b]
-            if rows:  # the accepted candidate's rows move right behind the last token
-                slots.extend([b] * len(rows))
-                src.extend(start + r for r in rows)
-                dst.extend(range(start + 1, start + 1 + len(rows)))
+            if accepted_rows:  # the accepted candidate's rows move right behind the last token
+                slots.extend([b] * len(accepted_rows))
+                src.extend(start + r for r in accepted_rows)
+                dst.extend(range(start + 1, start + 1 + len(accepted_rows)))
             lengths[b] = start + len(accepted)
-            out = StepOutput(seq.seq_id, accepted, seq.finish_reason, _stats(seq) if seq.finished else {})
+            out = StepOutput(seq.seq_id, accepted, seq.finish_reason, row.choice.kind, row.width,
+                             seq.stats if seq.finished else None)
             if seq.logprobs is not None:
-                out.logprobs = token_logprobs(logits[b], [0, *rows], accepted, seq.logprobs)
+                out.logprobs = token_logprobs(logits[b], [0, *accepted_rows], accepted, seq.logprobs)
             if seq.prompt_lp is not None:
                 out.prompt_logprobs, seq.prompt_lp = seq.prompt_lp, None
             outputs.append(out)
@@ -273,25 +241,37 @@ class Engine:
             cache.move_entries(slots, src, dst)
         return outputs
 
+    @staticmethod
+    def _draw(running: list[Sequence], rows: list[Row], logits: torch.Tensor) -> dict[int, list[int]]:
+        """Sampled requests' tokens, drawn for all of them at once per sampling setting (one
+        transfer each, not one per request); {batch row: tokens}."""
+        groups: dict[SamplingParams, list[tuple[int, list[int], list[float]]]] = {}
+        for b, (seq, row) in enumerate(zip(running, rows)):
+            if seq.sampling is not None:  # the seed lives in the uniforms: one group per warp
+                groups.setdefault(dataclasses.replace(seq.sampling, seed=None), []).append((b, *seq.draws(row)))
+        drawn: dict[int, list[int]] = {}
+        for params, members in groups.items():
+            index_b = torch.tensor([b for b, idx, _ in members for _ in idx], device=logits.device)
+            index_t = torch.tensor([t for _, idx, _ in members for t in idx], device=logits.device)
+            tokens = sample_rows(logits[index_b, index_t], params, [u for _, _, us in members for u in us])
+            at = 0
+            for b, idx, _ in members:
+                drawn[b], at = tokens[at : at + len(idx)], at + len(idx)
+        return drawn
+
     def _retire(self) -> None:
-        """Free the slots of finished sequences, keeping running ones in slots [0, running)."""
-        sched, cache = self.scheduler, self.cache
-        running = sched.running
-        before = len(running)
-        b = before - 1
-        while b >= 0:
-            if running[b].finished:
-                self._seqs.pop(running[b].seq_id, None)
-                if self.shared_pool is not None:
-                    self.shared_pool.add_text(running[b].tokens)
-                last = len(running) - 1
-                if b != last:
-                    cache.move_slot(last, b)
-                    running[b] = running[last]
-                    self.buffers.reset_slot(b, cache.lengths[b])
-                else:
-                    cache.lengths[b] = 0
-                running.pop()
-            b -= 1
-        if sched.prefilling is not None and len(running) != before:
-            cache.move_slot(before, len(running))
+        done, moves = self.scheduler.retire()
+        for seq in done:
+            self._seqs.pop(seq.seq_id, None)
+            if self.shared_pool is not None and seq.finish_reason is not FinishReason.ABORT:
+                self.shared_pool.add_text(seq.tokens)
+        self._apply(moves)
+
+    def _apply(self, moves: list[SlotMove]) -> None:
+        """Carry the scheduler's slot moves out on the KV cache and the step buffers."""
+        for move in moves:
+            if move.src is None:
+                self.cache.lengths[move.dst] = 0
+            else:
+                self.cache.move_slot(move.src, move.dst)
+                self.buffers.reset_slot(move.dst, self.cache.lengths[move.dst])

@@ -9,8 +9,10 @@ import torch
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.model_runner import ModelRunner
+from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
+from lookahead_core.lookahead.stopping import FinishReason, StopCondition
 
 
 @dataclass
@@ -20,6 +22,7 @@ class GenerationStats:
     accepted_histogram: dict[int, int] = field(default_factory=dict)
     forward_s: float = 0.0
     decode_s: float = 0.0
+    steps_by_kind: dict[str, int] = field(default_factory=dict)
 
     @property
     def compression(self) -> float:
@@ -35,7 +38,7 @@ class GenerationStats:
 @dataclass
 class GenerationResult:
     tokens: list[int]
-    finish_reason: str
+    finish_reason: FinishReason
     stats: GenerationStats
 
 
@@ -47,24 +50,15 @@ def _prompt_list(input_ids: torch.Tensor | Iterable[int]) -> list[int]:
     return [int(t) for t in input_ids]
 
 
-def single_request_engine(
-    model: torch.nn.Module | ModelRunner,
-    prompt_len: int,
-    max_new_tokens: int,
-    params: LookaheadParams | None,
-    shared_pool_cap: int = 0,
-) -> Engine:
+def single_request_engine(model: torch.nn.Module | ModelRunner, prompt_len: int, max_new_tokens: int,
+                          params: LookaheadParams | None) -> Engine:
     """An engine with one slot sized for this request: the whole prompt in one prefill forward."""
     runner = model if isinstance(model, ModelRunner) else ModelRunner(model)
-    if not isinstance(max_new_tokens, bool) and isinstance(max_new_tokens, int) and max_new_tokens >= 1:
-        runner.check_length(prompt_len + max_new_tokens)
-    if params is not None and not isinstance(params, LookaheadParams):
-        raise TypeError(f"params must be LookaheadParams or None, got {type(params).__name__}")
+    runner.check_length(prompt_len + max_new_tokens)
     p = params or LookaheadParams(2, 1, 0, lookup=0)
-    new = max_new_tokens if isinstance(max_new_tokens, int) and max_new_tokens >= 1 else 1
-    config = EngineConfig(max_batch=1, max_seq_len=max(2, prompt_len + new), max_new_tokens=new,
-                          prefill_chunk=max(1, prompt_len - 1), max_waiting=0, max_n=p.n, max_w=p.w, max_g=p.g, max_lookup=p.lookup,
-                          shared_pool_cap=shared_pool_cap)
+    config = EngineConfig(max_batch=1, max_seq_len=max(2, prompt_len + max_new_tokens), max_new_tokens=max_new_tokens,
+                          prefill_chunk=max(1, prompt_len - 1), max_waiting=0, max_n=p.n, max_w=p.w, max_g=p.g,
+                          max_lookup=p.lookup, lookahead=p, shared_pool_cap=0)
     return Engine(runner, config)
 
 
@@ -75,11 +69,12 @@ def default_eos(runner: ModelRunner):
 
 
 def _start(model, input_ids, max_new_tokens, params, eos_token_id, stop_token_ids, sampling) -> Engine:
-    prompt = _prompt_list(input_ids)
-    engine = single_request_engine(model, len(prompt), max_new_tokens, params)
-    eos = default_eos(engine.runner) if eos_token_id is None else eos_token_id
-    engine.add_request(0, prompt, max_new_tokens=max_new_tokens, params=params, eos_token_id=eos,
-                       stop_token_ids=stop_token_ids, sampling=sampling)
+    runner = model if isinstance(model, ModelRunner) else ModelRunner(model)
+    eos = default_eos(runner) if eos_token_id is None else eos_token_id
+    req = EngineRequest(0, tuple(_prompt_list(input_ids)), StopCondition.build(max_new_tokens, eos, stop_token_ids),
+                        params if params is not None else "off", sampling)
+    engine = single_request_engine(runner, len(req.prompt), max_new_tokens, params)
+    engine.add_request(req)
     return engine
 
 
@@ -99,7 +94,7 @@ def generate(model, input_ids, *, max_new_tokens: int, params: LookaheadParams |
              sampling: SamplingParams | None = None) -> GenerationResult:
     """Greedy decoding, with lookahead when `params` is given; token-identical either way.
     With `sampling` (SamplingParams, temperature > 0) it samples, and lookahead keeps the
-    output distribution.
+    output distribution (and, with a seed, the very tokens).
 
     `eos_token_id=None` takes the model's `generation_config.eos_token_id`, as `model.generate`
     does; pass `[]` to decode to `max_new_tokens` regardless.
@@ -112,11 +107,7 @@ def generate(model, input_ids, *, max_new_tokens: int, params: LookaheadParams |
             tokens.extend(out.tokens)
             if out.finish_reason is not None:
                 final = out
-    stats = GenerationStats(
-        steps=final.stats["steps"],
-        new_tokens=len(tokens),
-        accepted_histogram=final.stats["accepted_histogram"],
-        forward_s=engine.forward_s,
-        decode_s=engine.step_s - engine.prefill_s,
-    )
-    return GenerationResult(tokens=tokens, finish_reason=final.finish_reason, stats=stats)
+    stats = final.stats
+    return GenerationResult(tokens=tokens, finish_reason=final.finish_reason, stats=GenerationStats(
+        steps=stats.steps, new_tokens=len(tokens), accepted_histogram=dict(sorted(stats.accepted_histogram.items())),
+        forward_s=engine.forward_s, decode_s=engine.step_s - engine.prefill_s, steps_by_kind=dict(stats.steps_by_kind)))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections import OrderedDict
 
 import torch
 
@@ -15,7 +16,7 @@ class ModelRunner:
     """Holds a causal LM and calls it with explicit positions, a 4D float mask and a cache, and
     learns what its decode forwards cost (`costs`)."""
 
-    def __init__(self, model: torch.nn.Module, costs: StepCosts | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, costs: StepCosts | None = None, max_layouts: int = 32) -> None:
         self.model = model
         self.costs = costs or StepCosts()
         param = next(model.parameters())
@@ -25,17 +26,27 @@ class ModelRunner:
         self.num_layers = int(config.num_hidden_layers)
         self.vocab_size = int(config.vocab_size)
         self.context_length = getattr(config, "max_position_embeddings", None)
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        self.kv_bytes_per_token = self.num_layers * 2 * kv_heads * head_dim * self.dtype.itemsize
         self.sliding_window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.generation_config = getattr(model, "generation_config", None)
-        self._layouts: dict[LookaheadParams | None, StepLayout] = {}
+        # Clients choose (N, W, G) per request, so the layouts kept are bounded (least recently used out).
+        self._layouts: OrderedDict[LookaheadParams | None, StepLayout] = OrderedDict()
+        self.max_layouts = max_layouts
 
     def layout(self, params: LookaheadParams | None) -> StepLayout:
-        """The step layout for `params`, built once per (N, W, G, lookup) on this model's dtype and device."""
+        """The step layout for `params`, built once per (N, W, G, lookup) on this model's dtype and
+        device while in use; a sequence keeps its own reference."""
         key = None if params is None else LookaheadParams(params.n, params.w, params.g, lookup=params.lookup)
         lay = self._layouts.get(key)
         if lay is None:
             lay = self._layouts[key] = StepLayout(key, self.dtype, self.device)
+            while len(self._layouts) > self.max_layouts:
+                self._layouts.popitem(last=False)
+        self._layouts.move_to_end(key)
         return lay
 
     def check_tokens(self, tokens: list[int]) -> None:

@@ -1,16 +1,28 @@
-"""Which sequences run this step: FIFO admission into free slots, one prefill chunk per step."""
+"""Which sequences run, in which KV slot: FIFO admission, one prefill chunk per step, finish and retire."""
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
-from lookahead_core.engine.sequence import Sequence, Status
+from lookahead_core.engine.sequence import Sequence
+from lookahead_core.lookahead.stopping import FinishReason
+
+
+@dataclass(frozen=True)
+class SlotMove:
+    """What the KV cache must do after a scheduling change: move slot `src`'s entries into `dst`
+    (src None: `dst` is freed)."""
+
+    dst: int
+    src: int | None = None
 
 
 class Scheduler:
-    """Running sequences sit in slots [0, len(running)); the sequence being prefilled holds the next slot.
+    """Owns every sequence's state change and slot.
 
-    A step does at most one prefill chunk of `prefill_chunk` tokens, so an arriving long prompt
-    delays the running sequences by one bounded forward per step, never by its whole prefill.
+    Running sequences sit in slots [0, len(running)); the sequence being prefilled holds the next
+    slot. A step does at most one prefill chunk of `prefill_chunk` tokens, so an arriving long
+    prompt delays the running sequences by one bounded forward per step, never by its whole prefill.
     """
 
     def __init__(self, max_batch: int, prefill_chunk: int) -> None:
@@ -24,15 +36,20 @@ class Scheduler:
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running) + (self.prefilling is not None)
 
+    def free_slots(self) -> int:
+        return self.max_batch - len(self.running) - (self.prefilling is not None)
+
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def next_prefill(self) -> tuple[Sequence, int, int] | None:
-        """(sequence, start, tokens) of the next prefill chunk, admitting a waiting sequence if a slot is free."""
+        """(sequence, start, tokens) of the next prefill chunk, admitting a waiting sequence into
+        the next slot if one is free."""
         if self.prefilling is None:
             if not self.waiting or len(self.running) >= self.max_batch:
                 return None
-            self.prefilling = self.waiting.popleft()
+            self.prefilling = seq = self.waiting.popleft()
+            seq.slot = len(self.running)
             self.prefilled = 0
         seq = self.prefilling
         remaining = seq.prompt_len - 1 - self.prefilled
@@ -45,13 +62,50 @@ class Scheduler:
         if seq is None or self.prefilled < seq.prompt_len - 1:
             return None
         self.prefilling = None
-        seq.status = Status.RUNNING
         self.running.append(seq)
         return seq
 
-    def remove_waiting(self, seq: Sequence) -> bool:
-        try:
+    def abort(self, seq: Sequence) -> list[SlotMove]:
+        """End `seq` as ABORT. A waiting or prefilling sequence leaves at once (its slot freed); a
+        running one keeps its slot until the next `retire`."""
+        seq.finish_reason = FinishReason.ABORT
+        if seq in self.waiting:
             self.waiting.remove(seq)
-            return True
-        except ValueError:
-            return False
+            return []
+        if seq is self.prefilling:
+            self.prefilling = None
+            return [SlotMove(seq.slot)]
+        return []
+
+    def abort_all(self) -> list[Sequence]:
+        """End every sequence as ABORT; returns them (every slot is then free)."""
+        seqs = [*self.waiting, *self.running, *([self.prefilling] if self.prefilling else [])]
+        for seq in seqs:
+            seq.finish_reason = FinishReason.ABORT
+        self.waiting.clear()
+        self.running.clear()
+        self.prefilling = None
+        return seqs
+
+    def retire(self) -> tuple[list[Sequence], list[SlotMove]]:
+        """Take finished sequences out of the running slots, keeping running ones in [0, running):
+        the last running sequence moves into each hole, and the prefilling one follows."""
+        running = self.running
+        before = len(running)
+        done, moves = [], []
+        for b in range(before - 1, -1, -1):
+            if not running[b].finished:
+                continue
+            done.append(running[b])
+            last = len(running) - 1
+            if b != last:
+                running[b] = running[last]
+                running[b].slot = b
+                moves.append(SlotMove(b, last))
+            else:
+                moves.append(SlotMove(b))
+            running.pop()
+        if self.prefilling is not None and len(running) != before:
+            moves.append(SlotMove(len(running), self.prefilling.slot))
+            self.prefilling.slot = len(running)
+        return done, moves

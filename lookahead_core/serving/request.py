@@ -6,9 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lookahead_core.engine.logprobs import MAX_TOP_LOGPROBS
+from lookahead_core.engine.logprobs import check_top
+from lookahead_core.engine.request import check_lookahead, check_sampling
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
+from lookahead_core.lookahead.stopping import check_max_new_tokens
 from lookahead_core.serving.outputs import LookaheadMode, RequestError
 
 PROMPT_FIELDS = ("prompt", "input_ids", "messages")
@@ -34,13 +36,14 @@ def _set(obj, name: str, value) -> None:
 class ServeRequest:
     """One generation request: exactly one of `prompt` (text), `input_ids` or `messages` (chat).
 
-    lookahead: "auto" (the replica's router picks (N, W, G) each step), "off", or fixed params.
+    lookahead: "auto" (the engine's own (N, W, G), paced), "off", or fixed params.
     sampling: None is greedy decoding. timeout_s: the client's own deadline (the server may cap it).
     ignore_eos: decode past EOS up to max_new_tokens. logprobs: return each token's log-probability
     with that many alternatives (None: none). echo: the prompt comes first in the text (and in the
     logprobs). n: independent choices, decoded side by side (a seed gives choice i seed + i).
-    Rules on (N, W, G) live in LookaheadParams and
-    on sampling in SamplingParams; this class checks the prompt and the types, and raises
+    Rules on (N, W, G) live in LookaheadParams, on sampling in SamplingParams, on the token budget
+    in `check_max_new_tokens`, on logprobs in `check_top`, on the lookahead and sampling fields in
+    `check_lookahead` / `check_sampling`; this class checks the prompt fields and raises
     RequestError (400) naming the field.
     """
 
@@ -77,22 +80,23 @@ class ServeRequest:
             raise RequestError(400, f"`{given[0]}` must not be empty", given[0])
         if self.prompt is not None and not isinstance(self.prompt, str):
             raise RequestError(400, "`prompt` must be a string", "prompt")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise RequestError(400, f"`max_new_tokens` must be an integer >= 1, got {self.max_new_tokens!r}",
-                               "max_new_tokens")
+        try:
+            check_max_new_tokens(self.max_new_tokens)
+        except ValueError as exc:
+            raise RequestError(400, str(exc), "max_new_tokens") from None
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if not all(isinstance(s, str) for s in stop):
             raise RequestError(400, "`stop` must be a list of strings", "stop")
         _set(self, "stop", stop)
-        if not (isinstance(self.lookahead, LookaheadParams) or self.lookahead in ("auto", "off")):
-            raise RequestError(400, f"`lookahead` must be \"auto\", \"off\" or LookaheadParams, got {self.lookahead!r}",
-                               "lookahead")
-        if self.sampling is not None and not isinstance(self.sampling, SamplingParams):
-            raise RequestError(400, f"`sampling` must be SamplingParams or None, got {type(self.sampling).__name__}",
-                               "sampling")
-        lp = self.logprobs
-        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS):
-            raise RequestError(400, f"`logprobs` must be an integer in [0, {MAX_TOP_LOGPROBS}], got {lp!r}", "logprobs")
+        for name, check in (("lookahead", check_lookahead), ("sampling", check_sampling)):
+            try:
+                check(getattr(self, name))
+            except ValueError as exc:
+                raise RequestError(400, str(exc), name) from None
+        try:
+            check_top("logprobs", self.logprobs)
+        except ValueError as exc:
+            raise RequestError(400, str(exc), "logprobs") from None
         if not isinstance(self.echo, bool):
             raise RequestError(400, f"`echo` must be a boolean, got {self.echo!r}", "echo")
         if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_CHOICES:
@@ -109,5 +113,5 @@ class ServeRequest:
 
     @property
     def params(self) -> LookaheadParams | None:
-        """The fixed (N, W, G), or None ("off"; for "auto" the replica's router decides)."""
+        """The fixed (N, W, G), or None ("off", or "auto": the engine's own)."""
         return self.lookahead if isinstance(self.lookahead, LookaheadParams) else None

@@ -24,6 +24,7 @@ class TextStream:
         self.pending = ""  # settled text held back: it may begin a stop string
         self.chunks: list[str] = []  # emitted text
         self.stopped = False
+        self.kept = 0  # after a stop: how many tokens of the last push the text runs to (the stop's last token)
 
     @property
     def text(self) -> str:
@@ -50,18 +51,30 @@ class TextStream:
         return text
 
     def push(self, ids: list[int] | tuple[int, ...]) -> tuple[str, bool]:
-        """Add tokens; returns (new text, whether a stop string was hit). After a hit, nothing more."""
+        """Add tokens; returns (new text, whether a stop string was hit; `kept` then says how many
+        of these tokens up to it). After a hit, nothing more."""
         if self.stopped:
             return "", True
+        base = len(self.ids)
         self.ids.extend(ids)
         buf = self.pending + self._settle()
         hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
         if hits:
             self.pending, self.stopped = "", True
+            self.kept = self._tokens_to_stop(base)
             return self._emit(buf[: min(hits)]), True
         cut = max(0, len(buf) - self.hold)
         self.pending = buf[cut:]
         return self._emit(buf[:cut]), False
+
+    def _tokens_to_stop(self, base: int) -> int:
+        """The fewest of the tokens pushed after `base` whose text completes a stop string: a step
+        that accepted more reports only these, as one-token steps would."""
+        for k in range(1, len(self.ids) - base):
+            text = self._decode(self.ids[: base + k])
+            if any(s in text for s in self.stops):
+                return k
+        return len(self.ids) - base
 
     def flush(self) -> str:
         """The text held back at the end of the request (an incomplete character comes out as U+FFFD)."""

@@ -39,3 +39,42 @@ def test_first_difference():
     assert bench_decode.first_difference([1, 2, 3], [1, 2, 3]) is None
     assert bench_decode.first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert bench_decode.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_compiled_greedy_peer_matches_hf_greedy_and_stops_at_eos():
+    """The compiled decode step (StaticCache, inductor freezing) gives HF eager greedy's tokens on
+    prompts of two lengths, reuses its one graph after a cache reset, and stops at EOS as HF does."""
+    import torch
+
+    from lookahead_core.models.random_models import build_random_model
+
+    def hf_greedy(model, prompt, max_new):
+        return bench_decode.run_hf(model, prompt, max_new)[0]
+
+    model = build_random_model("llama", vocab_size=128)
+    prompts = [[5, 9, 17, 33, 2, 70, 101], [44, 3, 90, 12, 7, 7, 64, 8, 31, 120, 6]]
+    peer = bench_decode.CompiledGreedy(model, max_cache_len=max(map(len, prompts)) + 10)
+    assert peer.warm_up(prompts[0]) > 0
+    frames = torch._dynamo.utils.counters["frames"]
+    compiled = frames["ok"]
+    for prompt in prompts:
+        tokens, seconds = peer.generate(prompt, 10)
+        assert tokens == hf_greedy(model, prompt, 10) and seconds > 0
+    assert frames["ok"] == compiled  # no recompile across prompts and cache resets
+    stop = tokens[4]
+    model.generation_config.eos_token_id = stop
+    peer.eos = {stop}
+    tokens, _ = peer.generate(prompts[1], 10)
+    assert tokens == hf_greedy(model, prompts[1], 10) and tokens[-1] == stop and len(tokens) <= 5
+
+
+def test_bench_decode_compiled_peer_row(tiny_model_dir, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": i, "prompt": p}) for i, p in enumerate(["def f(x):", "import os\n"])))
+    report = bench_decode.main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--max-new-tokens", "8",
+                                "--configs", "", "--pld", "", "--no-plain", "--compiled", "--dtype", "float32"])
+    rows = {r["config"]: r for r in report["rows"]}
+    assert list(rows) == ["hf-greedy", "hf-compiled"]
+    assert rows["hf-compiled"]["identical"] == "2/2" and rows["hf-compiled"]["compression"] == 1.0
+    assert report["hf_compiled"]["recompiles"] == 0 and report["hf_compiled"]["compile_s"] > 0
+    assert report["machine"]["cpu_capability"]

@@ -32,7 +32,9 @@ def test_cpu_default_serves_the_installed_real_model_on_every_core():
     folder, gguf = resolve_model_path(args.model.path, args.model.gguf_file)
     assert (Path(folder) / gguf).is_file()  # installed by `make install` from the package registry
     assert args.model.served_name == "SmolLM2-135M-Instruct"
-    assert args.router.policy == "goodput" and (PROJECT_ROOT / args.router.profile).exists()
+    # KV sized from a budget and a max_seq_len (not the model's 8k context); "auto" fits the engine
+    assert args.engine.max_seq_len == 1024 and args.engine.kv_cache_memory == 256 * 2**20
+    args.engine.check_params(args.engine.lookahead)
     # one replica with both cores of the 2-core machine; the ingress asks for none
     assert args.num_cpus == 2 and args.threads == 2
     model = next(d for d in app["deployments"] if d["name"] == "LookaheadModel")
@@ -106,7 +108,12 @@ def test_asking_for_missing_gpus_fails_fast_with_a_message():
     "args, message",
     [
         ({"engine": {"max_batch": 0}}, "max_batch"),
-        ({"router": {"policy": "fixed"}}, "fixed"),
+        ({"router": {"policy": "fixed"}}, "router"),
+        ({"engine": {"max_n": 2}}, "engine.lookahead .* n=3 exceeds this engine's limit of 2"),
+        ({"engine": {"max_w": 1, "lookahead": {"n": 3, "w": 2, "g": 2}}}, "w=2 exceeds"),
+        ({"engine": {"kv_cache_memory": "lots"}}, "memory must look like"),
+        ({"engine": {"kv_cache_memory": 1.5}}, r"fraction of free memory must be in \(0, 1\]"),
+        ({"engine": {"lookahead": {"n": 1, "w": 2, "g": 2}}}, "n must be >= 2"),
         ({"modle": {}}, "modle"),
         ({"num_gpus": -1}, "num_gpus"),
     ],
@@ -143,3 +150,22 @@ def test_auth_keys_never_reach_the_model_replicas():
     model_bound = ingress.init_args[0]
     assert "auth" not in model_bound._bound_deployment.init_args[0]
     assert ingress.init_args[2]["api_keys"] == ["k" * 20]
+
+
+def test_the_gpu_config_fits_an_80_gb_gpu_by_the_replicas_kv_arithmetic():
+    """Llama-2-7B in float16 (32 layers, 32 KV heads of 128): what each replica of serve_gpu.yaml
+    computes at start on an 80 GB card, 13.5 GB of weights and ~1 GB of CUDA context taken."""
+    from lookahead_core.engine.kv_budget import plan_kv
+
+    raw = yaml.safe_load((PROJECT_ROOT / "configs" / "serve_gpu.yaml").read_text())
+    for app in raw["applications"]:
+        engine = AppArgs.model_validate(app["args"]).engine
+        capacity = engine.max_seq_len + engine.max_step_tokens
+        per_token = 32 * 2 * 32 * 128 * 2
+        free = 80 * 10**9 - 13_476_839_424 - 10**9
+        plan = plan_kv(engine.max_batch, capacity, per_token, engine.max_step_tokens * capacity * 2,
+                       engine.kv_cache_memory, free)
+        assert 16 <= plan.slots < engine.max_batch  # the budget, not max_batch, sets the slots
+        assert plan.total_bytes + 13_476_839_424 + 10**9 < 80 * 10**9
+        # without a budget, max_batch slots of the full length would not fit
+        assert engine.max_batch * plan.bytes_per_slot + 13_476_839_424 > 80 * 10**9

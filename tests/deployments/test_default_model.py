@@ -27,8 +27,7 @@ def default_app(server):
 @pytest.fixture(scope="module")
 def no_template_app(server, tiny_model_dir):
     args = {"model": {"path": str(tiny_model_dir), "name": "plain-tiny"}, "num_cpus": 0,
-            "engine": {"max_batch": 2, "max_seq_len": 128, "max_new_tokens": 16},
-            "router": {"policy": "plain"}}
+            "engine": {"max_batch": 2, "max_seq_len": 128, "max_new_tokens": 16}}
     yield _deploy(args, "notemplate", "/nt", server)
     serve.delete("notemplate")
 

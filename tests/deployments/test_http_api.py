@@ -112,6 +112,43 @@ def test_seeded_sampling_is_reproducible_and_follows_the_library(server, local):
     assert other["token_ids"] != first["token_ids"] or len(first["token_ids"]) < 4
 
 
+def test_a_seeded_request_returns_the_same_tokens_whatever_the_planner_and_the_load(server, local):
+    """The server runs "auto": the planner's state (measured step costs, each request's pacing)
+    moves with load. A seeded request's tokens depend on its seed alone: before a burst, after
+    it, and eight at once, they equal plain sampling in the library."""
+    body = {"prompt": "def h(y):", "max_new_tokens": 24, "temperature": 1.0, "seed": 42, "ignore_eos": True}
+    first = post(server, "/generate", body).json()
+    assert first["lookahead"]["mode"] == "auto"
+    before = requests.get(server + "/health", timeout=10).json()["step_costs_ms"]
+    burst = [{"prompt": p, "max_new_tokens": 32, "lookahead": la} for p in ("abcabc", "for i in", "x = 1\n")
+             for la in ("auto", {"n": 5, "w": 4, "g": 4, "adapt": False})]
+    with ThreadPoolExecutor(6) as pool:
+        assert all(r.status_code == 200 for r in pool.map(lambda b: post(server, "/generate", b), burst))
+    assert requests.get(server + "/health", timeout=10).json()["step_costs_ms"] != before  # the planner's costs moved
+    again = post(server, "/generate", body).json()
+    with ThreadPoolExecutor(8) as pool:
+        together = [r.json() for r in pool.map(lambda _: post(server, "/generate", body), range(8))]
+    model, tok = local
+    from lookahead_core import SamplingParams
+
+    plain = generate(model, torch.tensor([tok("def h(y):")["input_ids"]]), max_new_tokens=24, eos_token_id=[],
+                     sampling=SamplingParams(1.0, seed=42)).tokens
+    assert first["token_ids"] == again["token_ids"] == plain
+    assert all(t["token_ids"] == plain for t in together)
+
+
+def test_a_stop_string_cuts_the_token_ids_and_usage_as_plain_decoding_does(server):
+    full = post(server, "/generate", {"prompt": "def add(a, b):", "max_new_tokens": 48, "ignore_eos": True,
+                                      "lookahead": {"n": 4, "w": 3, "g": 3, "adapt": False}}).json()
+    stop = full["text"][10:13]
+    bodies = {la: {"prompt": "def add(a, b):", "max_new_tokens": 48, "ignore_eos": True, "stop": [stop], "lookahead": la}
+              for la in ("off", "auto")}
+    off, auto = (post(server, "/generate", b).json() for b in bodies.values())
+    assert off["finish_reason"] == auto["finish_reason"] == "stop" and off["text"] == auto["text"]
+    assert off["token_ids"] == auto["token_ids"] and off["usage"] == auto["usage"]
+    assert off["usage"]["completion_tokens"] == len(off["token_ids"])
+
+
 def test_openai_completions(server, local):
     r = post(server, "/v1/completions", {"model": "tiny", "prompt": "def g():", "max_tokens": 12, "temperature": 0})
     body = r.json()

@@ -5,7 +5,8 @@ from pydantic import ValidationError
 from deployments.protocol import OPENAI_FINISH, ChatRequest, CompletionRequest, GenerateRequest
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
-from lookahead_core.serving import FINISH_REASONS, Message
+from lookahead_core.lookahead.stopping import FinishReason
+from lookahead_core.serving import Message
 
 
 def test_generate_body_to_request():
@@ -43,4 +44,4 @@ def test_each_rule_is_reported_from_its_one_place(model, body, message):
 
 
 def test_every_finish_reason_has_an_openai_name():
-    assert set(OPENAI_FINISH) == FINISH_REASONS and OPENAI_FINISH["abort"] == "abort"
+    assert set(OPENAI_FINISH) == set(FinishReason) and OPENAI_FINISH["abort"] == "abort"

@@ -24,8 +24,8 @@ def guarded(server, tiny_model_dir):
 
     args = {
         "model": {"path": str(tiny_model_dir), "name": "tiny", "dtype": "float32"},
-        "engine": {"max_batch": 2, "max_seq_len": 1024, "max_new_tokens": MAX_NEW, "prefill_chunk": 32, "max_waiting": 2},
-        "router": {"policy": "fixed", "fixed": {"n": 3, "w": 3, "g": 3}},
+        "engine": {"max_batch": 2, "max_seq_len": 1024, "max_new_tokens": MAX_NEW, "prefill_chunk": 32, "max_waiting": 2,
+                   "lookahead": {"n": 3, "w": 3, "g": 3}},
         "limits": {"max_body_bytes": 4096, "max_prompt_tokens": 100, "request_timeout_s": 60},
         "auth": {"api_keys": [KEY]},
         "num_cpus": 0,

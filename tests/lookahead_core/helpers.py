@@ -1,6 +1,9 @@
 """Shared test fixtures: random prompts and the Hugging Face greedy reference."""
 import torch
 
+from lookahead_core.engine.request import EngineRequest
+from lookahead_core.lookahead.stopping import StopCondition
+
 
 def random_prompts(count: int, vocab: int, seed: int) -> list[list[int]]:
     """Prompts of 1..~60 tokens; a few repeat a segment so the prompt pool gets hits."""
@@ -60,3 +63,9 @@ def well_conditioned_cases(model, count: int, vocab: int, seed: int, max_new_tok
             break
     assert len(cases) == count and skipped <= count // 4, f"too many near-tie prompts: {skipped}"
     return cases
+
+
+def req(request_id, prompt, max_new_tokens: int, params=None, eos=(), **kwargs) -> EngineRequest:
+    """An EngineRequest: `params` None is plain decoding ("off"); `eos` ids end it early."""
+    return EngineRequest(request_id, tuple(prompt), StopCondition.build(max_new_tokens, eos),
+                         params if params is not None else "off", **kwargs)

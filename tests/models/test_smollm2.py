@@ -5,7 +5,7 @@ import torch
 from lookahead_core import LookaheadParams, generate
 from lookahead_core.cli.prompt_sets import read_prompt_set
 from lookahead_core.models.loading import DEFAULT_MODEL, load_model, native_bf16
-from tests.models.test_tiny_pycoder import PROMPTS
+from tests.fixtures import PROMPTS
 
 
 @pytest.fixture(scope="module")

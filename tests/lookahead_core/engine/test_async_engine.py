@@ -1,4 +1,5 @@
 import asyncio
+import threading
 import time
 
 import pytest
@@ -8,7 +9,7 @@ from lookahead_core.engine.async_engine import AsyncEngine
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.models.random_models import build_random_model
-from tests.lookahead_core.helpers import well_conditioned_cases
+from tests.lookahead_core.helpers import req, well_conditioned_cases
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def test_concurrent_streams_equal_their_references(setup):
 
     async def one(i):
         out = []
-        async for step in engine.generate(cases[i][0], max_new_tokens=24, params=params[i], eos_token_id=[]):
+        async for step in engine.generate(req(f"c{i}", cases[i][0], 24, params[i])):
             out += step.tokens
             last = step
         return out, last
@@ -37,7 +38,7 @@ def test_concurrent_streams_equal_their_references(setup):
     results = asyncio.run(main())
     for (tokens, last), (_, ref) in zip(results, cases):
         assert tokens == ref
-        assert last.finish_reason == "length" and last.stats["new_tokens"] == 24
+        assert last.finish_reason == "length" and last.stats.new_tokens == 24
 
 
 def test_closing_a_stream_frees_its_slot_within_one_step(setup):
@@ -45,7 +46,7 @@ def test_closing_a_stream_frees_its_slot_within_one_step(setup):
     aborted = engine.engine.aborted
 
     async def main():
-        stream = engine.generate(cases[0][0], max_new_tokens=500, eos_token_id=[])
+        stream = engine.generate(req("close", cases[0][0], 500))
         await stream.__anext__()
         assert engine.queue_depth()[0] == 1
         closed_at = engine.engine.steps
@@ -69,7 +70,7 @@ def test_timeout_aborts_the_request(setup):
     async def main():
         got = []
         with pytest.raises(RequestTimeout, match="timed out after 0.05 s"):
-            async for step in engine.generate(cases[1][0], max_new_tokens=500, eos_token_id=[], timeout_s=0.05):
+            async for step in engine.generate(req("slow", cases[1][0], 500), timeout_s=0.05):
                 got += step.tokens
         return got
 
@@ -87,10 +88,48 @@ def test_invalid_request_raises_before_streaming(setup):
     engine, _ = setup
 
     async def main():
-        async for _ in engine.generate([5, 6], max_new_tokens=10_000):
+        async for _ in engine.generate(req("big", [5, 6], 10_000)):
             pass
 
     with pytest.raises(ValueError, match="max_new_tokens"):
         asyncio.run(main())
     time.sleep(0.05)
     assert engine.queue_depth() == (0, 0)
+
+
+def test_callers_share_nothing_with_the_engine_thread_but_the_command_queue(setup):
+    """Requests finish, abort and are read from (depth, step costs) while the engine steps; the
+    only writes across threads are commands. The race the old per-replica router had (a dict
+    popped on the event loop while the engine thread iterated it) has no counterpart left."""
+    engine, cases = setup
+    assert not hasattr(engine, "before_step")
+    reads, stop = [], threading.Event()
+
+    def reader():  # polls as /health and the autoscaler do, a thousand times faster
+        while not stop.wait(0.001):
+            reads.append((engine.queue_depth(), engine.engine.runner.costs.table()))
+
+    async def one(i):
+        stream = engine.generate(req(f"race{i}", cases[i % 4][0], 24, LookaheadParams(3, 2, 2) if i % 2 else None))
+        got = []
+        async for step in stream:
+            got += step.tokens
+            if i % 3 == 0 and len(got) >= 3:
+                await stream.aclose()  # an abort from the caller's side, mid-stream
+                return None
+        return got
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(12)))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        results = asyncio.run(main())
+    finally:
+        stop.set()
+        t.join()
+    for i, got in enumerate(results):
+        if i % 3:
+            assert got == cases[i % 4][1]
+    assert engine.alive and reads

@@ -6,8 +6,11 @@ from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine, EngineOverloaded
 from lookahead_core.engine.model_runner import ModelRunner
 from lookahead_core.engine.step_costs import StepCosts
+from lookahead_core.engine.request import EngineRequest
+from lookahead_core.lookahead.pacing import StepKind
+from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.random_models import build_random_model
-from tests.lookahead_core.helpers import well_conditioned_cases
+from tests.lookahead_core.helpers import req, well_conditioned_cases
 
 VOCAB = 512
 MAX_NEW = 28
@@ -42,7 +45,6 @@ def test_mixed_batch_matches_single_sequence_greedy(setup):
     arrivals = {0: [0, 1, 2], 2: [3, 4], 5: [5], 9: [6, 7], 14: [8, 9]}
     eos = {3: cases[3][1][_first_unique_index(cases[3][1], 5)], 7: cases[7][1][_first_unique_index(cases[7][1], 12)]}
     oracle = {1, 4, 8, 9}
-    changes = {6: [(2, None)], 8: [(0, P(4, 5, 5))], 10: [(5, P(3, 4, 4)), (1, P(5, 2, 3))], 30: [(8, None)]}
     abort_at = {12: 6}
 
     outputs = {i: [] for i in range(len(cases))}
@@ -50,11 +52,9 @@ def test_mixed_batch_matches_single_sequence_greedy(setup):
     step = 0
     while step == 0 or engine.has_work() or any(s > step for s in arrivals):
         for i in arrivals.get(step, []):
-            engine.add_request(i, cases[i][0], max_new_tokens=MAX_NEW, params=params[i], eos_token_id=[eos[i]] if i in eos else [])
+            engine.add_request(req(i, cases[i][0], MAX_NEW, params[i], [eos[i]] if i in eos else []))
             if i in oracle:
                 seed_oracle(engine, i, cases[i][2])
-        for i, p in changes.get(step, []):
-            engine.set_params(i, p)
         if step in abort_at:
             assert engine.abort(abort_at[step])
         widest = max(widest, engine.queue_depth()[0])
@@ -82,8 +82,8 @@ def test_mixed_batch_matches_single_sequence_greedy(setup):
 def test_one_token_prompts_and_one_new_token(setup):
     model, cases = setup
     engine = Engine(model, EngineConfig(max_batch=3, prefill_chunk=4, max_new_tokens=8))
-    engine.add_request("a", [7], max_new_tokens=1, params=LookaheadParams(3, 2, 2), eos_token_id=[])
-    engine.add_request("b", cases[0][0], max_new_tokens=1, eos_token_id=[])
+    engine.add_request(req("a", [7], 1, LookaheadParams(3, 2, 2)))
+    engine.add_request(req("b", cases[0][0], 1))
     got = {}
     while engine.has_work():
         for out in engine.step():
@@ -98,7 +98,7 @@ def test_queue_depth_and_slot_limit(setup):
     model, cases = setup
     engine = Engine(model, EngineConfig(max_batch=2, prefill_chunk=64, max_new_tokens=64))
     for i in range(5):
-        engine.add_request(i, cases[i][0], max_new_tokens=MAX_NEW, eos_token_id=[])
+        engine.add_request(req(i, cases[i][0], MAX_NEW))
     assert engine.queue_depth() == (0, 5)
     for _ in range(4):
         engine.step()
@@ -113,13 +113,15 @@ def test_queue_depth_and_slot_limit(setup):
     "kwargs, error, message",
     [
         ({"prompt": []}, ValueError, "at least one token"),
+        ({"prompt": "ab"}, ValueError, "sequence of token ids"),
         ({"max_new_tokens": 0}, ValueError, "max_new_tokens"),
         ({"max_new_tokens": 65}, ValueError, "exceeds this engine's limit of 64"),
         ({"prompt": [5] * 100, "max_new_tokens": 64}, ValueError, "exceeds this engine's limit of 128 tokens"),
         ({"prompt": [5, 9999]}, ValueError, "outside the model's vocabulary"),
         ({"params": LookaheadParams(9, 2, 2)}, ValueError, "n=9 exceeds"),
         ({"params": LookaheadParams(3, 17, 2)}, ValueError, "w=17 exceeds"),
-        ({"params": (3, 2, 2)}, TypeError, "LookaheadParams"),
+        ({"params": (3, 2, 2)}, ValueError, "LookaheadParams"),
+        ({"logprobs": 21}, ValueError, "logprobs"),
     ],
 )
 def test_request_validation(setup, kwargs, error, message):
@@ -127,25 +129,32 @@ def test_request_validation(setup, kwargs, error, message):
     engine = Engine(model, EngineConfig(max_batch=2, max_seq_len=128, max_new_tokens=64))
     args = {"prompt": [5, 6], "max_new_tokens": 4, **kwargs}
     with pytest.raises(error, match=message):
-        engine.add_request("x", args.pop("prompt"), **args)
+        engine.add_request(req("x", args.pop("prompt"), args.pop("max_new_tokens"), **args))
     assert engine.queue_depth() == (0, 0)
+
+
+def test_add_request_takes_an_engine_request_only(setup):
+    model, _ = setup
+    engine = Engine(model, EngineConfig(max_batch=1, max_new_tokens=8))
+    with pytest.raises(TypeError, match="EngineRequest"):
+        engine.add_request({"prompt": [5]})
 
 
 def test_duplicate_ids_and_overload(setup):
     model, _ = setup
     engine = Engine(model, EngineConfig(max_batch=1, max_waiting=2, max_new_tokens=8))
-    engine.add_request("a", [5], max_new_tokens=4)
+    engine.add_request(req("a", [5], 4))
     with pytest.raises(ValueError, match="already in the engine"):
-        engine.add_request("a", [5], max_new_tokens=4)
+        engine.add_request(req("a", [5], 4))
     # One free slot plus two waiting places: a burst of three is taken in before any step.
-    engine.add_request("b", [5], max_new_tokens=4)
-    engine.add_request("c", [5], max_new_tokens=4)
+    engine.add_request(req("b", [5], 4))
+    engine.add_request(req("c", [5], 4))
     with pytest.raises(EngineOverloaded, match="3 requests are already waiting"):
-        engine.add_request("d", [5], max_new_tokens=4)
+        engine.add_request(req("d", [5], 4))
     engine.step()  # "a" takes the slot; "b" and "c" fill the two waiting places
     assert engine.queue_depth() == (1, 2)
     with pytest.raises(EngineOverloaded, match="2 requests are already waiting"):
-        engine.add_request("d", [5], max_new_tokens=4)
+        engine.add_request(req("d", [5], 4))
 
 
 def test_engine_limits_against_the_model(setup):
@@ -158,15 +167,15 @@ def test_abort_waiting_and_prefilling(setup):
     model, cases = setup
     engine = Engine(model, EngineConfig(max_batch=1, prefill_chunk=4, max_new_tokens=64))
     long_prompt = max((c[0] for c in cases), key=len)
-    engine.add_request("p", long_prompt, max_new_tokens=8, eos_token_id=[])
-    engine.add_request("w", [5, 6], max_new_tokens=8, eos_token_id=[])
+    engine.add_request(req("p", long_prompt, 8))
+    engine.add_request(req("w", [5, 6], 8))
     engine.step()  # "p" is mid-prefill
     assert engine.abort("p") and engine.abort("w")
     assert not engine.abort("w") and not engine.abort("nope")
     outs = engine.step()
     assert {o.seq_id: o.finish_reason for o in outs} == {"p": "abort", "w": "abort"}
     assert not engine.has_work()
-    engine.add_request("q", cases[0][0], max_new_tokens=MAX_NEW, eos_token_id=[])
+    engine.add_request(req("q", cases[0][0], MAX_NEW))
     toks = []
     while engine.has_work():
         toks += [t for o in engine.step() for t in o.tokens]
@@ -182,13 +191,13 @@ def test_shared_pool_speeds_up_a_repeat_and_keeps_it_exact(setup, cap):
     prompt, ref, _ = cases[0]
     steps = []
     for i in range(2):
-        engine.add_request(i, prompt, max_new_tokens=MAX_NEW, params=LookaheadParams(4, 2, 3, pool_from_prompt=False), eos_token_id=[])
+        engine.add_request(req(i, prompt, MAX_NEW, LookaheadParams(4, 2, 3, pool_from_prompt=False, adapt=False)))
         tokens = []
         while engine.has_work():
             for out in engine.step():
                 tokens += out.tokens
                 if out.finish_reason:
-                    steps.append(out.stats["steps"])
+                    steps.append(out.stats.steps)
         assert tokens == ref
     if cap:
         assert steps[1] <= steps[0] / 2 and len(engine.shared_pool) > 0
@@ -200,7 +209,7 @@ def test_only_the_tail_of_a_finished_request_joins_the_shared_pool(setup):
     model, cases = setup
     engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_text=6))
     prompt, ref, _ = cases[0]
-    engine.add_request(0, prompt, max_new_tokens=MAX_NEW, params=LookaheadParams(3, 2, 2), eos_token_id=[])
+    engine.add_request(req(0, prompt, MAX_NEW, LookaheadParams(3, 2, 2)))
     while engine.has_work():
         engine.step()
     assert 1 <= len(engine.shared_pool) <= 6 - 3 + 1  # the 4 trigrams of the last 6 tokens at most
@@ -217,12 +226,13 @@ def test_a_batch_steps_as_wide_as_pays_and_stays_exact(setup, wide_cost):
     token wide; where width is nearly free, rows run whole steps and accept long blocks."""
     model, cases = setup
     costs = StepCosts(alpha=1e-9)
-    for batch in (1, 2, 4):
+    for batch in (1, 2, 4):  # every width held, so the machine's real timings cannot move them
         costs.observe(batch, 1, 10.0)
-        costs.observe(batch, 2, 10.0 * wide_cost)
+        for width in range(2, 64):
+            costs.observe(batch, width, 10.0 * wide_cost)
     engine = Engine(ModelRunner(model, costs), EngineConfig(max_batch=4, max_new_tokens=64))
     for i in range(4):
-        engine.add_request(i, cases[i][0], max_new_tokens=MAX_NEW, params=LookaheadParams(4, 3, 3), eos_token_id=[])
+        engine.add_request(req(i, cases[i][0], MAX_NEW, LookaheadParams(4, 3, 3)))
         seed_oracle(engine, i, cases[i][2])
     outputs, widths = {i: [] for i in range(4)}, []
     while engine.has_work():
@@ -238,3 +248,63 @@ def test_a_batch_steps_as_wide_as_pays_and_stays_exact(setup, wide_cost):
         assert set(widths) == {1}
     else:
         assert max(widths) > 1 and sum(w > 1 for w in widths) >= len(widths) // 2
+
+
+def test_a_row_that_does_not_pace_lets_paced_rows_ride_its_width(setup):
+    """A request with adapt off runs every step whole; the paced rows beside it take that width
+    for free, even before a one-token step of their batch size was ever measured."""
+    model, cases = setup
+    engine = Engine(ModelRunner(model, StepCosts()), EngineConfig(max_batch=4, max_new_tokens=64))
+    engine.add_request(req("fixed", cases[0][0], MAX_NEW, LookaheadParams(5, 4, 4, adapt=False)))
+    for i in range(1, 4):
+        engine.add_request(req(i, cases[i][0], MAX_NEW, LookaheadParams(3, 2, 2)))
+        seed_oracle(engine, i, cases[i][2])
+    kinds, outputs = [], {i: [] for i in range(1, 4)}
+    while engine.has_work():
+        full_batch = engine.queue_depth()[0] == 4
+        for out in engine.step():
+            if out.seq_id != "fixed":
+                outputs[out.seq_id] += out.tokens
+                if full_batch and out.kind is not None:
+                    kinds.append(out.kind)
+    assert all(outputs[i] == cases[i][1] for i in range(1, 4))
+    assert kinds and sum(k is not StepKind.PLAIN for k in kinds) >= 0.8 * len(kinds), kinds
+
+
+def test_kv_slots_come_from_the_memory_budget(setup):
+    model, _ = setup
+    runner = ModelRunner(model)
+    per_slot = Engine(runner, EngineConfig(max_batch=1, max_seq_len=256)).kv_plan.bytes_per_slot
+    engine = Engine(runner, EngineConfig(max_batch=16, max_seq_len=256, kv_cache_memory=3 * per_slot + 1))
+    assert engine.max_batch == 3 and engine.kv_plan.slots == 3 and engine.scheduler.max_batch == 3
+    assert "3 slots" in engine.kv_plan.describe()
+    assert Engine(runner, EngineConfig(max_batch=2, max_seq_len=256, kv_cache_memory=0.5),
+                  free_bytes=100 * per_slot).max_batch == 2
+    with pytest.raises(ValueError, match="holds no sequence.*max_seq_len"):
+        Engine(runner, EngineConfig(max_seq_len=256, kv_cache_memory=per_slot // 2))
+
+
+def test_step_layouts_kept_are_bounded(setup):
+    model, _ = setup
+    runner = ModelRunner(model, max_layouts=4)
+    for n in range(2, 8):
+        runner.layout(LookaheadParams(n, 2, 2))
+    assert len(runner._layouts) == 4
+
+
+def test_an_engine_at_max_n_3_runs_auto_requests_and_one_below_is_refused_at_start(setup):
+    model, cases = setup
+    with pytest.raises(ValueError, match=r"engine.lookahead .* n=3 exceeds this engine's limit of 2"):
+        EngineConfig(max_n=2)
+    engine = Engine(model, EngineConfig(max_batch=4, max_n=3, max_new_tokens=64))
+    for i in range(8):
+        engine.add_request(EngineRequest(i, tuple(cases[i][0]), StopCondition(MAX_NEW), "auto"))
+    outputs, reasons = {i: [] for i in range(8)}, {}
+    while engine.has_work():
+        for out in engine.step():
+            outputs[out.seq_id] += out.tokens
+            if out.finish_reason:
+                reasons[out.seq_id] = out.finish_reason
+    assert all(reasons[i] == "length" and outputs[i] == cases[i][1] for i in range(8))
+    with pytest.raises(ValueError, match="n=4 exceeds"):
+        engine.add_request(req("big", [5], 4, LookaheadParams(4, 2, 2)))

@@ -87,7 +87,7 @@ def test_stream_yields_the_accepted_blocks():
         ({"max_new_tokens": 5000}, ValueError, "context length"),
         ({"input_ids": torch.tensor([[5, 512]])}, ValueError, "outside the model's vocabulary"),
         ({"input_ids": torch.tensor([[-1, 5]])}, ValueError, "outside the model's vocabulary"),
-        ({"params": (3, 4, 4)}, TypeError, "LookaheadParams"),
+        ({"params": (3, 4, 4)}, ValueError, "LookaheadParams"),
     ],
 )
 def test_bad_arguments(kwargs, error, message):

@@ -7,7 +7,7 @@ from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.logprobs import token_logprobs
 from lookahead_core.models.random_models import build_random_model
-from tests.lookahead_core.helpers import well_conditioned_cases
+from tests.lookahead_core.helpers import req, well_conditioned_cases
 
 VOCAB = 256
 MAX_NEW = 20
@@ -21,7 +21,7 @@ def setup():
 
 def _run(model, prompt, params, oracle=None):
     engine = Engine(model, EngineConfig(max_batch=2, prefill_chunk=5, max_new_tokens=MAX_NEW))
-    engine.add_request("r", prompt, max_new_tokens=MAX_NEW, params=params, eos_token_id=[], logprobs=3, prompt_logprobs=2)
+    engine.add_request(req("r", prompt, MAX_NEW, params, logprobs=3, prompt_logprobs=2))
     if oracle is not None:  # the true continuation in the pool: long accepted blocks
         engine._seqs["r"].pool.add_sequence(oracle)
     tokens, lps, prompt_lps, multi = [], [], None, 0
@@ -73,6 +73,6 @@ def test_out_of_range_alternatives_are_refused(setup):
     model, _ = setup
     engine = Engine(model, EngineConfig(max_batch=1))
     with pytest.raises(ValueError, match="logprobs must be an integer in"):
-        engine.add_request("r", [1, 2], max_new_tokens=2, logprobs=21)
+        engine.add_request(req("r", [1, 2], 2, logprobs=21))
     with pytest.raises(ValueError, match="prompt_logprobs"):
-        engine.add_request("r", [1, 2], max_new_tokens=2, prompt_logprobs=-1)
+        engine.add_request(req("r", [1, 2], 2, prompt_logprobs=-1))

@@ -7,17 +7,20 @@ import pytest
 
 from lookahead_core import LookaheadParams
 from lookahead_core.engine.generation import single_request_engine
-from lookahead_core.lookahead.pacing import StepKind, StepPacer
+from lookahead_core.engine.planner import StepPlanner
+from lookahead_core.lookahead.pacing import StepChoice, StepKind
 from lookahead_core.models.random_models import build_random_model
-from tests.lookahead_core.helpers import hf_greedy, well_conditioned_cases
+from tests.lookahead_core.helpers import hf_greedy, req, well_conditioned_cases
 
 VOCAB = 512
 MAX_NEW = 32
 
 
-def _decode(model, prompt, params, max_new, eos=(), oracle=None):
+def _decode(model, prompt, params, max_new, eos=(), oracle=None, planner=None):
     engine = single_request_engine(model, len(prompt), max_new, params)
-    engine.add_request(0, prompt, max_new_tokens=max_new, params=params, eos_token_id=list(eos))
+    if planner is not None:
+        engine.planner = planner
+    engine.add_request(req(0, prompt, max_new, params, eos))
     seq = engine._seqs[0]
     if oracle is not None:
         n = params.n
@@ -29,11 +32,11 @@ def _decode(model, prompt, params, max_new, eos=(), oracle=None):
             seq.pool.add(oracle[i], cont[:-1] + ((cont[-1] + 1) % VOCAB,))
     blocks, kinds = [], []
     while engine.has_work():
-        out = [out.tokens for out in engine.step() if out.tokens]
-        blocks += out
-        kinds += [seq.kind] * len(out)
-    dec = SimpleNamespace(new_tokens=seq.new_tokens, steps=seq.steps, finish_reason=seq.finish_reason,
-                          accepted_histogram=seq.accepted_histogram, kinds=kinds)
+        outs = [out for out in engine.step() if out.tokens]
+        blocks += [out.tokens for out in outs]
+        kinds += [out.kind for out in outs]
+    dec = SimpleNamespace(new_tokens=seq.new_tokens, steps=seq.stats.steps, finish_reason=seq.finish_reason,
+                          accepted_histogram=seq.stats.accepted_histogram, kinds=kinds)
     return dec, blocks
 
 
@@ -56,23 +59,21 @@ def test_oracle_pool_accepts_long_blocks_and_stays_exact(model_and_cases, n, w, 
         assert len(ref) / dec.steps >= 0.6 * n, dec.accepted_histogram
 
 
-def test_every_step_kind_stays_exact(model_and_cases, monkeypatch):
+def test_every_step_kind_stays_exact(model_and_cases):
     """Steps that leave out the window, or everything but the last token, in any order: the
     pacer's choices move only speed. Its own judgement follows timings, so here it cycles."""
     kinds = itertools.cycle([StepKind.FULL, StepKind.VERIFY, StepKind.PLAIN, StepKind.VERIFY, StepKind.VERIFY, StepKind.FULL])
 
-    def cycle(self, widths, copied, ratio):
-        self.kind = next(kinds)
-        if self.kind not in widths and self.kind is not StepKind.PLAIN:
-            self.kind = StepKind.PLAIN
-        return self.kind
+    class Cycling(StepPlanner):
+        def plan(self, offers, waiting=0):
+            return [StepChoice(k if (k := next(kinds)) in o.menu else StepKind.PLAIN) for o in offers]
 
-    monkeypatch.setattr(StepPacer, "choose", cycle)
     model, cases = model_and_cases
     seen = set()
     for n, w, g in [(3, 2, 2), (5, 3, 6)]:
         for prompt, ref, oracle in cases:
-            dec, blocks = _decode(model, prompt, LookaheadParams(n, w, g), MAX_NEW, oracle=oracle)
+            dec, blocks = _decode(model, prompt, LookaheadParams(n, w, g), MAX_NEW, oracle=oracle,
+                                  planner=Cycling(None, 1))
             assert dec.new_tokens == ref
             assert any(k is StepKind.VERIFY and len(b) > 1 for k, b in zip(dec.kinds, blocks)), "steps without the window accepted nothing"
             assert all(len(b) == 1 for k, b in zip(dec.kinds, blocks) if k is StepKind.PLAIN)
@@ -117,7 +118,7 @@ def test_cache_never_grows_beyond_its_allocation(model_and_cases):
     prompt, ref, _ = cases[1]
     params = LookaheadParams(4, 3, 3)
     engine = single_request_engine(model, len(prompt), MAX_NEW, params)
-    engine.add_request(0, prompt, max_new_tokens=MAX_NEW, params=params, eos_token_id=[])
+    engine.add_request(req(0, prompt, MAX_NEW, params))
     seq = engine._seqs[0]
     engine.step()  # prefill and the first decode step allocate the KV lazily
     ptrs = [layer.keys.data_ptr() for layer in engine.cache.layers]
@@ -134,7 +135,7 @@ def test_cache_never_grows_beyond_its_allocation(model_and_cases):
 def test_step_after_finish_does_nothing(model_and_cases):
     model, cases = model_and_cases
     engine = single_request_engine(model, len(cases[0][0]), 2, None)
-    engine.add_request(0, cases[0][0], max_new_tokens=2, eos_token_id=[])
+    engine.add_request(req(0, cases[0][0], 2))
     while engine.has_work():
         engine.step()
     assert engine.step() == [] and not engine.has_work()

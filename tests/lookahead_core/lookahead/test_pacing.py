@@ -6,9 +6,9 @@ WIDE = {StepKind.FULL: 9, StepKind.VERIFY: 5}
 def _run(pacer, steps, tokens_of, ratio_of, copied=False):
     kinds = []
     for _ in range(steps):
-        kind = pacer.choose(WIDE, copied, ratio_of)
-        kinds.append(kind)
-        pacer.update(tokens_of(kind))
+        choice = pacer.choose(WIDE, copied, ratio_of)
+        kinds.append(choice.kind)
+        pacer.update(choice, tokens_of(choice.kind))
     return kinds
 
 
@@ -36,39 +36,51 @@ def test_copied_runs_are_judged_apart_from_pooled_ngrams():
     ratio = lambda w: 1.6 if w > 1 else 1.0
     for step in range(300):
         copied = step % 2 == 0
-        kind = pacer.choose(WIDE, copied, ratio)
-        pacer.update(4 if copied and kind is StepKind.VERIFY else 1)
-    assert pacer.choose(WIDE, True, ratio) is StepKind.VERIFY
-    assert pacer.choose(WIDE, False, ratio) is StepKind.PLAIN
+        choice = pacer.choose(WIDE, copied, ratio)
+        pacer.update(choice, 4 if copied and choice.kind is StepKind.VERIFY else 1)
+    assert pacer.choose(WIDE, True, ratio).kind is StepKind.VERIFY
+    assert pacer.choose(WIDE, False, ratio).kind is StepKind.PLAIN
 
 
 def test_only_the_kinds_on_offer_are_chosen():
     pacer = StepPacer()
     for _ in range(50):
-        kind = pacer.choose({StepKind.FULL: 5}, False, lambda w: 1.0)
-        assert kind in (StepKind.FULL, StepKind.PLAIN)
-        pacer.update(1)
+        choice = pacer.choose({StepKind.FULL: 5}, False, lambda w: 1.0)
+        assert choice.kind in (StepKind.FULL, StepKind.PLAIN)
+        pacer.update(choice, 1)
 
 
 def test_the_batch_width_pays_for_the_tokens_of_every_row():
     flat = lambda w: 1.0 + 0.01 * (w - 1)  # memory-bound: width nearly free
     steep = lambda w: 1.0 if w == 1 else 2.0  # every wide step costs two
-    one_keen = [[(1, 1.0), (9, 3.0)]] + [[(1, 1.0), (9, 1.1)]] * 15
+    P, F, V = StepKind.PLAIN, StepKind.FULL, StepKind.VERIFY
+    one_keen = [{P: (1, 1.0), F: (9, 3.0)}] + [{P: (1, 1.0), F: (9, 1.1)}] * 15
     # Alone, a request at 3 tokens for 2x pays; in a batch of 16 it would slow 15 others.
     assert batch_width(one_keen[:1], steep) == 9
     assert batch_width(one_keen, steep) == 1
     assert batch_width(one_keen, flat) == 9
-    all_keen = [[(1, 1.0), (5, 3.0), (9, 3.0)]] * 16
+    all_keen = [{P: (1, 1.0), V: (5, 3.0), F: (9, 3.0)}] * 16
     assert batch_width(all_keen, steep) == 5  # the same cost, fewer rows: the narrower on a tie
-    assert batch_width([[(1, 1.0), (9, 3.0)]], steep, floor=12) == 12  # a request that chose alone sets the floor
+    assert batch_width([{P: (1, 1.0), F: (9, 3.0)}], steep, floor=12) == 12  # a row that does not pace sets the floor
+
+
+def test_the_tpot_slo_caps_the_width():
+    P, F = StepKind.PLAIN, StepKind.FULL
+    menus = [{P: (1, 1.0), F: (9, 1.5)}] * 4
+    flat = lambda w: 1.0 + 0.01 * (w - 1)
+    assert batch_width(menus, flat) == 9
+    # 10 ms per one-token step, 20 ms at width 9: 13.3 ms per token there; an SLO of 12 ms rules it out
+    ms = lambda w: 10.0 if w == 1 else 20.0
+    assert batch_width(menus, flat, fits_slo=lambda w, tokens: ms(w) / tokens <= 12.0) == 1
+    assert batch_width(menus, flat, fits_slo=lambda w, tokens: ms(w) / tokens <= 14.0) == 9
 
 
 def test_a_row_takes_its_best_kind_within_the_batch_width_and_retries_only_when_it_fits():
     pacer = StepPacer()
     for _ in range(20):
-        pacer.menu(WIDE, False)
-        kind = pacer.pick(1, lambda w: 2.0 if w > 1 else 1.0)
-        assert kind is StepKind.PLAIN  # retries are due, but a wider step would cost the batch
-        pacer.update(1)
-    pacer.menu(WIDE, False)
-    assert pacer.pick(9, lambda w: 1.0) in (StepKind.FULL, StepKind.VERIFY)  # width already paid for
+        menu = pacer.menu(WIDE, False)
+        choice = pacer.pick(menu, False, 1, lambda w: 2.0 if w > 1 else 1.0)
+        assert choice.kind is StepKind.PLAIN  # retries are due, but a wider step would cost the batch
+        pacer.update(choice, 1)
+    menu = pacer.menu(WIDE, False)
+    assert pacer.pick(menu, False, 9, lambda w: 1.0).kind in (StepKind.FULL, StepKind.VERIFY)  # width already paid for

@@ -9,11 +9,15 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 from lookahead_core import LookaheadParams, SamplingParams, generate
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.planner import StepPlanner
+from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.ngram_pool import NGramPool
-from lookahead_core.lookahead.pacing import StepKind, StepPacer
-from lookahead_core.lookahead.sampling import sample, verify_sampling, warp
+from lookahead_core.lookahead.pacing import StepChoice, StepKind
+from lookahead_core.lookahead.sampling import position_uniform, sample, warp
+from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.lookahead.tree import CandidateTree
 from lookahead_core.models.random_models import build_random_model
+from tests.lookahead_core.helpers import req
 
 V = 8
 PROMPT = [5]
@@ -58,16 +62,47 @@ def exact_joint(table, params):
     return joint
 
 
-def simulate(table, params, seed, verifier=verify_sampling, lookahead=True):
+def engine_rule(dist_at, tree, uniforms):
+    """The engine's verification: every row draws its token at its position's uniform; the walk
+    follows the drawn tokens down the tree (row 0: the last token; tree row r at step row 1 + r)."""
+    drawn = [sample(dist_at(0), uniforms[0])]
+    drawn += [sample(dist_at(1 + r), uniforms[int(tree.depth[r])]) for r in range(tree.size)]
+    return tree.walk_greedy(drawn, 1)[1]
+
+
+def wrong_rule(dist_at, tree, uniforms):
+    """Deliberately wrong: a candidate token is accepted when its probability exceeds the uniform,
+    instead of only when it is the token the uniform draws."""
+    node_row, depth, out = 0, 0, []
+    while True:
+        p = dist_at(node_row)
+        child = next((r for r in range(tree.size) if tree.depth[r] == depth + 1
+                      and (node_row == 0 or tree.visible[r, node_row - 1]) and p[tree.tokens[r]] > uniforms[depth]), None)
+        if child is None:
+            return out + [sample(p, uniforms[depth])]
+        out.append(int(tree.tokens[child]))
+        node_row, depth = child + 1, depth + 1
+
+
+_WARPED: dict = {}
+
+
+def warped(table, params, ctx):
+    key = (id(table), params, ctx)
+    if key not in _WARPED:
+        _WARPED[key] = warp(table[ctx], params)
+    return _WARPED[key]
+
+
+def simulate(table, params, seed, rule=engine_rule, lookahead=True):
     """First 3 tokens: plain sampling, or lookahead verification over a candidate tree of the
-    pool's candidates and a variable-length one."""
-    rng = np.random.default_rng(seed)
+    pool's candidates and a variable-length one; output position p draws with u(seed, p)."""
     pool = NGramPool(N, G)
     pool.add_sequence(POOL_SEED)
     ctx = []
     while len(ctx) < 3:
         if not lookahead:
-            ctx.append(sample(warp(table[tuple(ctx)], params), rng))
+            ctx.append(sample(warped(table, params, tuple(ctx)), position_uniform(seed, len(ctx))))
             continue
         last = (PROMPT + ctx)[-1]
         tree = CandidateTree(16)
@@ -75,11 +110,10 @@ def simulate(table, params, seed, verifier=verify_sampling, lookahead=True):
 
         def dist_at(row, ctx=tuple(ctx), tree=tree):
             prefix = tuple(int(tree.tokens[r]) for r in np.flatnonzero(tree.visible[row - 1])) if row else ()
-            return warp(table[(ctx + prefix)[:3]], params)
+            return warped(table, params, (ctx + prefix)[:3])
 
-        rows = [[1 + r for r in path] for path in tree.paths]
-        _, acc = verifier(dist_at, tree.candidates, rows, rng)
-        ctx.extend(acc)
+        uniforms = [position_uniform(seed, len(ctx) + d) for d in range(8)]
+        ctx.extend(rule(dist_at, tree, uniforms))
     return tuple(ctx[:3])
 
 
@@ -121,15 +155,6 @@ def two_sample(a, b, min_count=10):
     return chi2_pvalue(stat, len(a) - 1)
 
 
-def wrong_verifier(dist_at, candidates, rows, rng):
-    """Deliberately wrong: a rejected candidate's mass is not removed before the next draw."""
-    p = dist_at(0)
-    for g, cand in enumerate(candidates):
-        if rng.random() < p[cand[0]]:
-            return g, [cand[0], sample(dist_at(rows[g][0]), rng)]
-    return -1, [sample(p, rng)]
-
-
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_lookahead_sampling_matches_plain_sampling(logits_table, name):
     params = CONFIGS[name]
@@ -144,17 +169,19 @@ def test_lookahead_sampling_matches_plain_sampling(logits_table, name):
 def test_the_test_has_power_a_wrong_verifier_fails(logits_table):
     params = CONFIGS["temperature 1.0"]
     plain = counts(simulate(logits_table, params, seed, lookahead=False) for seed in range(SAMPLES))
-    wrong = counts(simulate(logits_table, params, 10**6 + seed, verifier=wrong_verifier) for seed in range(SAMPLES))
+    wrong = counts(simulate(logits_table, params, 10**6 + seed, rule=wrong_rule) for seed in range(SAMPLES))
     assert two_sample(plain, wrong) < 1e-6
     assert gof(wrong, exact_joint(logits_table, params)) < 1e-6
 
 
-def _engine_joint(model, samples):
+def _engine_joint(model, samples, planner=None):
     cfg = EngineConfig(max_batch=256, max_new_tokens=3, max_seq_len=16, max_waiting=samples, max_n=N, max_w=2, max_g=G)
     engine = Engine(model, cfg)
+    if planner is not None:
+        engine.planner = planner
     for i in range(samples):
-        engine.add_request(i, PROMPT, max_new_tokens=3, params=LookaheadParams(N, 2, G, pool_from_prompt=False),
-                           eos_token_id=[], sampling=SamplingParams(1.0, seed=i))
+        engine.add_request(req(i, PROMPT, 3, LookaheadParams(N, 2, G, pool_from_prompt=False),
+                               sampling=SamplingParams(1.0, seed=i)))
         engine._seqs[i].pool.add_sequence(POOL_SEED)
     out, multi = {i: [] for i in range(samples)}, 0
     while engine.has_work():
@@ -173,12 +200,16 @@ def test_engine_lookahead_sampling_follows_the_model_distribution(model, logits_
     assert gof(look, exact_joint(logits_table, CONFIGS["temperature 1.0"])) > 1e-3
 
 
-def test_steps_without_the_window_sample_the_model_distribution(model, logits_table, monkeypatch):
+class VerifyOnly(StepPlanner):
+    def plan(self, offers, waiting=0):
+        return [StepChoice(StepKind.VERIFY if StepKind.VERIFY in o.menu else StepKind.PLAIN) for o in offers]
+
+
+def test_steps_without_the_window_sample_the_model_distribution(model, logits_table):
     """The same check with every step verifying the candidate tree alone (its rows right after the
-    last token), the kind the pacer picks when the window does not pay."""
-    monkeypatch.setattr(StepPacer, "choose", lambda self, widths, copied, ratio: StepKind.VERIFY if StepKind.VERIFY in widths else StepKind.PLAIN)
+    last token), the kind the planner picks when the window does not pay."""
     samples = 4_000
-    look, multi = _engine_joint(model, samples)
+    look, multi = _engine_joint(model, samples, VerifyOnly(None, 1))
     assert multi > samples // 10
     assert gof(look, exact_joint(logits_table, CONFIGS["temperature 1.0"])) > 1e-3
 
@@ -197,49 +228,38 @@ def test_warp_matches_hf_warpers():
         assert np.allclose(warp(logits[0], params), hf, atol=1e-6)
 
 
-def test_seeded_requests_reproduce_alone_and_in_a_batch(model):
-    prompt = torch.tensor([[5, 0, 1, 5]])
-    s = SamplingParams(0.9, top_k=6, seed=42)
-    a = generate(model, prompt, max_new_tokens=24, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=s).tokens
-    b = generate(model, prompt, max_new_tokens=24, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=s).tokens
-    assert a == b
-    engine = Engine(model, EngineConfig(max_batch=4, max_new_tokens=32))
-    for i, seed in enumerate([42, 7, 42, 9]):
-        engine.add_request(i, prompt[0].tolist(), max_new_tokens=24, params=LookaheadParams(3, 2, 3), eos_token_id=[],
-                           sampling=SamplingParams(0.9, top_k=6, seed=seed))
-    out = {i: [] for i in range(4)}
+def _run(engine, requests):
+    out = {r.request_id: [] for r in requests}
+    for r in requests:
+        engine.add_request(r)
     while engine.has_work():
         for o in engine.step():
             out[o.seq_id] += o.tokens
-    assert out[0] == out[2] == a and out[1] != a
-    unseeded = [generate(model, prompt, max_new_tokens=24, eos_token_id=[], sampling=SamplingParams(0.9)).tokens for _ in range(3)]
-    assert len({tuple(u) for u in unseeded}) > 1
-
-
-def _engine_output(engine, prompt, sampling):
-    engine.add_request("r", prompt, max_new_tokens=24, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=sampling)
-    out = []
-    while engine.has_work():
-        for o in engine.step():
-            out += o.tokens
     return out
 
 
-def test_seeded_requests_ignore_the_shared_pool_and_greedy_ones_use_it(model):
-    """Candidates steer a sampled step's draws: a seeded request must not see other requests' text."""
+def test_a_seed_fixes_the_tokens_whatever_the_lookahead_the_batch_or_the_candidates(model):
+    """Output position p draws with u(seed, p), so the tokens of a seeded request do not depend on
+    its (N, W, G), on plain or paced steps, on its batch, or on what the shared pool offers."""
     prompt = [5, 0, 1, 5]
-    rng = np.random.default_rng(0)
-    junk = rng.integers(0, V, 3000).tolist()
-    greedy = SamplingParams(0.0, seed=3)
-    for sampling in (SamplingParams(0.9, top_k=6, seed=42), SamplingParams(1.0, seed=7)):
-        clean = _engine_output(Engine(model, EngineConfig(max_batch=2, max_new_tokens=32, shared_pool_cap=0)), prompt, sampling)
-        polluted = Engine(model, EngineConfig(max_batch=2, max_new_tokens=32))
-        polluted.shared_pool.track(3)
-        polluted.shared_pool.add_text(junk)
-        assert _engine_output(polluted, prompt, sampling) == clean
-    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=32))
-    engine.add_request("g", prompt, max_new_tokens=4, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=greedy)
-    assert engine._seqs["g"].shared is engine.shared_pool
+    s = SamplingParams(0.9, top_k=6, seed=42)
+    plain = generate(model, torch.tensor([prompt]), max_new_tokens=24, eos_token_id=[], sampling=s).tokens
+    for params in (LookaheadParams(3, 2, 3), LookaheadParams(5, 3, 3, adapt=False), LookaheadParams(2, 1, 1)):
+        assert generate(model, torch.tensor([prompt]), max_new_tokens=24, params=params, eos_token_id=[],
+                        sampling=s).tokens == plain
+    seeds = [42, 7, 42, 9]
+    lookaheads = [LookaheadParams(3, 2, 3), "auto", "off", LookaheadParams(4, 3, 3, adapt=False)]
+    batch = _run(Engine(model, EngineConfig(max_batch=4, max_new_tokens=32)),
+                 [EngineRequest(i, tuple(prompt), StopCondition(24), la, SamplingParams(0.9, top_k=6, seed=seed))
+                  for i, (seed, la) in enumerate(zip(seeds, lookaheads))])
+    assert batch[0] == batch[2] == plain and batch[1] != plain
+    polluted = Engine(model, EngineConfig(max_batch=2, max_new_tokens=32))
+    polluted.shared_pool.track(3)
+    polluted.shared_pool.add_text(np.random.default_rng(0).integers(0, V, 3000).tolist())
+    assert _run(polluted, [req("p", prompt, 24, LookaheadParams(3, 2, 3), sampling=s)])["p"] == plain
+    unseeded = [generate(model, torch.tensor([prompt]), max_new_tokens=24, eos_token_id=[],
+                         sampling=SamplingParams(0.9)).tokens for _ in range(3)]
+    assert len({tuple(u) for u in unseeded}) > 1
 
 
 def test_greedy_is_temperature_zero(model):

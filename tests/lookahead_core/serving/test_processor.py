@@ -11,9 +11,7 @@ from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
-from lookahead_core.policy.auto import AutoLookahead
-from lookahead_core.policy.controller import LookaheadPolicy, PolicyConfig
-from lookahead_core.serving import Completion, Delta, RequestError, RequestProcessor, ServeRequest, ServingLimits
+from lookahead_core.serving import Completion, Delta, RequestError, RequestLimits, RequestProcessor, ServeRequest
 
 from ...conftest import TINY_CHAT_TEMPLATE
 
@@ -45,18 +43,18 @@ def one_slot(tiny):
 
 @pytest.fixture(scope="module")
 def proc(tiny):
-    return RequestProcessor(tiny[1], eos_token_ids=[1], limits=ServingLimits(max_prompt_tokens=100, request_timeout_s=60),
+    return RequestProcessor(tiny[1], eos_token_ids=[1], limits=RequestLimits(max_prompt_tokens=100, request_timeout_s=60),
                             model_name="tiny")
 
 
-async def collect(proc, req, engine, auto=None):
-    return [item async for item in proc.run(req, engine, auto)]
+async def collect(proc, req, engine):
+    return [item async for item in proc.run(req, engine)]
 
 
-def run(proc, req, engine, auto=None):
+def run(proc, req, engine):
     """All items of a request, or the RequestError it raised."""
     try:
-        return asyncio.run(collect(proc, req, engine, auto))
+        return asyncio.run(collect(proc, req, engine))
     except RequestError as err:
         return err
 
@@ -163,7 +161,7 @@ def test_timeouts_partial_408_and_504(proc, one_slot, tiny):
     part = run(proc, long_req(timeout_s=0.2), one_slot)
     assert isinstance(part, list) and part[-1].finish_reason == "timeout"
     assert 0 < part[-1].usage.completion_tokens < LONG
-    capped = RequestProcessor(tiny[1], limits=ServingLimits(request_timeout_s=0.1))
+    capped = RequestProcessor(tiny[1], limits=RequestLimits(request_timeout_s=0.1))
 
     async def main():
         busy = proc.run(long_req(), one_slot)
@@ -205,15 +203,18 @@ def test_overload_is_a_503_and_abort_stays_abort(proc, one_slot):
     assert isinstance(rest[-1], Completion) and rest[-1].finish_reason == "abort"
 
 
-def test_failed_step_is_a_500_and_the_engine_serves_on(proc, tiny):
-    fail = {"on": True}
+class FailsOnce(Engine):
+    failed = False
 
-    def before_step(engine):
-        if fail["on"]:
-            fail["on"] = False
+    def step(self):
+        if not self.failed:
+            self.failed = True
             raise RuntimeError("boom")
+        return super().step()
 
-    eng = AsyncEngine(Engine(tiny[0], EngineConfig(max_batch=2, max_seq_len=256, max_new_tokens=16)), before_step)
+
+def test_failed_step_is_a_500_and_the_engine_serves_on(proc, tiny):
+    eng = AsyncEngine(FailsOnce(tiny[0], EngineConfig(max_batch=2, max_seq_len=256, max_new_tokens=16)))
     try:
         err = run(proc, ServeRequest(prompt="x", max_new_tokens=4), eng)
         assert isinstance(err, RequestError) and err.status == 500 and "boom" in err.message
@@ -222,13 +223,36 @@ def test_failed_step_is_a_500_and_the_engine_serves_on(proc, tiny):
         eng.shutdown()
 
 
-def test_auto_lookahead_reports_the_routers_choice_and_forgets_the_request(proc, engine):
-    auto = AutoLookahead(LookaheadPolicy(PolicyConfig(policy="fixed", fixed={"n": 3, "w": 3, "g": 3})))
-    req = ServeRequest(prompt="def f(x):", max_new_tokens=12)
-    done = run(proc, req, engine, auto)[-1]
-    assert (done.lookahead.mode, done.lookahead.n, done.lookahead.w, done.lookahead.g) == ("auto", 3, 3, 3)
-    assert req.request_id not in auto.auto_ids
-    assert done.token_ids == run(proc, ServeRequest(prompt="def f(x):", max_new_tokens=12, lookahead="off"), engine)[-1].token_ids
+def test_auto_reports_the_engines_setting_and_what_the_request_ran(proc, engine):
+    done = run(proc, ServeRequest(prompt="def f(x):", max_new_tokens=12, ignore_eos=True), engine)[-1]
+    cfg = engine.engine.config.lookahead
+    assert (done.lookahead.mode, done.lookahead.n, done.lookahead.w, done.lookahead.g) == ("auto", cfg.n, cfg.w, cfg.g)
+    kinds = done.lookahead.steps_by_kind
+    assert sum(kinds.values()) == done.lookahead.steps and set(kinds) <= {"plain", "verify", "full"}
+    assert done.lookahead.mean_width >= 1 and done.lookahead.compression == round(12 / done.lookahead.steps, 3)
+    off = run(proc, ServeRequest(prompt="def f(x):", max_new_tokens=12, ignore_eos=True, lookahead="off"), engine)[-1]
+    assert done.token_ids == off.token_ids and off.lookahead.steps_by_kind == {"plain": 12}
+
+
+def test_a_stop_string_completed_mid_step_cuts_ids_usage_and_logprobs_as_off(proc, engine, tiny):
+    """A lookahead step that accepts the tokens completing a stop string and more reports only
+    the tokens up to the stop, as plain decoding does."""
+    tok, wide = tiny[1], LookaheadParams(4, 3, 3, adapt=False)
+    base = {"prompt": "def add(a, b):", "max_new_tokens": 48, "ignore_eos": True, "logprobs": 1}
+    items = run(proc, ServeRequest(**base, lookahead=wide), engine)
+    produced = []
+    step = next((d for d in items[:-1] if len(d.token_ids) >= 2 or produced.extend(d.token_ids)), None)
+    assert step is not None, "precondition: a step accepted 2 or more tokens"
+    upto = [*produced, step.token_ids[0]]
+    text = tok.decode(upto, skip_special_tokens=True)
+    stop = next(text[-k:] for k in range(1, len(text) + 1) if text.find(text[-k:]) == len(text) - k)
+    off, la = (run(proc, ServeRequest(**base, stop=(stop,), lookahead=mode), engine)[-1] for mode in ("off", wide))
+    assert off.finish_reason == la.finish_reason == "stop" and off.text == la.text
+    # the stop ends within the step's first token (or before it, for ids with no text of their own)
+    assert la.token_ids == off.token_ids == tuple(upto[: len(la.token_ids)]) and len(la.token_ids) <= len(upto)
+    assert la.usage == off.usage and la.usage.completion_tokens == len(la.token_ids)
+    assert [lp.token_id for lp in la.logprobs] == [lp.token_id for lp in off.logprobs] == list(la.token_ids)
+    assert all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(la.logprobs, off.logprobs))
 
 
 def test_items_survive_pickling(proc, engine):

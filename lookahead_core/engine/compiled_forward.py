@@ -1,0 +1,354 @@
+"""A compiled decode forward: `ModelRunner.forward` at static shapes, from a few buckets.
+
+Prototype for issue 28. The eager decode forward re-dispatches every op of the model each step;
+`torch.compile` (inductor) fuses the elementwise work and, on CPU with freezing, folds the weights
+into constants and packs them once for MKL's packed GEMM. Compiled graphs want static shapes, so a
+step [B, T] attending to kv_len keys runs in the smallest bucket (Bb >= B, Tb >= T, Kb >= kv_len):
+
+* inputs are staged into buffers of the bucket's shape, allocated once per bucket;
+* padding positions (rows >= B, columns >= T) take token 0 at position 0, see key column 0 only
+  (a row that sees nothing turns to NaN) and write their keys to the *scratch column*
+  `capacity - 1` of their slot, which no committed token occupies (the engine's capacity is
+  max_seq_len + max_step_tokens; `forward` checks it) and no real write reaches (kv_len <
+  capacity);
+* keys and values are written in place into the `BatchKVCache` slot tensors (one index_put per
+  layer), and attention reads `keys[:Bb, :, :Kb]`, the mask hiding everything past each row's
+  own block;
+* logits and the greedy argmax come out of the graph; the argmax of the real rows goes to the host
+  in one `.tolist()`, the step's one sync.
+
+Shapes outside every bucket, or a cache state the buckets cannot express, run the eager forward.
+
+On CPU the graphs are compiled with inductor freezing (`torch._inductor.config.freezing`, set
+around each bucket's first call: dynamo reads it when it traces). Freezing turns every *static* graph input into
+a constant, so nothing here is marked with `mark_static_address` on CPU; the staging buffers and KV
+tensors stay ordinary graph inputs. On CUDA, `mode="reduce-overhead"` records CUDA graphs; there
+the staging buffers and KV tensors are marked static (no copies into the graph's inputs) and
+freezing is off. The CUDA path is written to run but has not been tested.
+"""
+from __future__ import annotations
+
+import bisect
+import contextlib
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.integrations import sdpa_attention
+
+
+def _pow2_upto(limit: int) -> tuple[int, ...]:
+    out, b = [], 1
+    while b < limit:
+        out.append(b)
+        b *= 2
+    out.append(limit)
+    return tuple(out)
+
+
+class _BucketLayer(CacheLayerMixin):
+    """One layer's view of the shared slot tensors at a bucket's shape."""
+
+    is_sliding = False
+    is_compileable = True
+
+    def __init__(self, owner: _BucketCache, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.owner = owner
+        self.keys, self.values = keys, values  # [max_batch, heads, capacity, head_dim], shared with the engine
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # the slot tensors exist already
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        o = self.owner
+        # [Bb, H, Tb, D] -> [Bb, Tb, H, D]: row r, step token t lands at (rows[r], :, cols[r, t]).
+        self.keys[o.rows, :, o.cols] = key_states.transpose(1, 2)
+        self.values[o.rows, :, o.cols] = value_states.transpose(1, 2)
+        return self.keys[: o.batch, :, : o.kv], self.values[: o.batch, :, : o.kv]
+
+    def get_seq_length(self) -> int:
+        return self.owner.kv
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.kv, 0
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+
+class _BucketCache(Cache):
+    """A transformers Cache over the engine's slot tensors with a bucket's static shape."""
+
+    def __init__(self, kv_pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor, cols: torch.Tensor,
+                 kv: int) -> None:
+        self.rows, self.cols = rows, cols  # [Bb, 1] slot of each row, [Bb, Tb] KV column of each token
+        self.batch, self.kv = rows.shape[0], kv
+        super().__init__(layers=[_BucketLayer(self, k, v) for k, v in kv_pairs])
+
+
+def _always(*args, **kwargs) -> bool:
+    return True
+
+
+@contextlib.contextmanager
+def _sdpa_gqa():
+    """Grouped-query attention inside SDPA (`enable_gqa`) rather than `repeat_kv`, which copies the
+    attended keys and values once per query head group in every layer. transformers decides per
+    call in `use_gqa_in_sdpa` (on CPU and CUDA: only without a mask); the CPU kernels take a mask
+    with `enable_gqa`, so the compiled calls trace with the decision forced on. Dynamo guards on
+    the function, so every compiled call runs inside this context."""
+    original = sdpa_attention.use_gqa_in_sdpa
+    sdpa_attention.use_gqa_in_sdpa = _always
+    try:
+        yield
+    finally:
+        sdpa_attention.use_gqa_in_sdpa = original
+
+
+def _decode_step(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: Cache):
+    logits = model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache, use_cache=True).logits
+    return logits, logits.argmax(dim=-1)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    batch: int
+    width: int
+    kv: int
+
+
+class _Staging:
+    """The static inputs of one bucket, allocated once, and what the last step left in them."""
+
+    def __init__(self, bucket: Bucket, kv_pairs, scratch: int, dtype: torch.dtype, device: torch.device,
+                 static: bool) -> None:
+        b, t, k = bucket.batch, bucket.width, bucket.kv
+        self.ids = torch.zeros((b, t), dtype=torch.long, device=device)
+        self.pos = torch.zeros((b, t), dtype=torch.long, device=device)
+        self.scratch = scratch
+        self.cols = torch.full((b, t), scratch, dtype=torch.long, device=device)
+        self.rows = torch.arange(b, device=device)[:, None]
+        self.min = torch.finfo(dtype).min
+        self.mask = torch.full((b, 1, t, k), self.min, dtype=dtype, device=device)
+        self.mask[..., 0] = 0.0  # padding queries see column 0
+        self.used = (0, 0, 0)  # (rows, width, kv_len) of real data in the buffers
+        if static:  # CUDA graphs: fixed addresses, no copy into the graph's inputs (never with freezing)
+            for t_ in (self.ids, self.pos, self.cols, self.rows, self.mask):
+                torch._dynamo.mark_static_address(t_)
+        self.cache = _BucketCache(kv_pairs, self.rows, self.cols, k)
+        self.compile_s: float | None = None
+        self.calls = 0
+
+    def _pad(self, rows: int, width: int, kv_len: int, inputs: bool = True, mask: bool = True) -> None:
+        """Put padding back into the region [:rows, :width] (mask: [..., :kv_len])."""
+        if not (rows and width):
+            return
+        if inputs:
+            self.ids[:rows, :width].zero_()
+            self.pos[:rows, :width].zero_()
+            self.cols[:rows, :width].fill_(self.scratch)
+        if mask and kv_len:
+            m = self.mask[:rows, :, :width, :kv_len]
+            m.fill_(self.min)
+            m[..., 0] = 0.0
+
+    def stage(self, ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor | None, start: int | None,
+              mask: torch.Tensor, arange: torch.Tensor) -> None:
+        rows, width = ids.shape
+        kv_len = mask.shape[-1]
+        r0, w0, k0 = self.used
+        # Padding back where the last step's real data is not overwritten by this one's; in steady
+        # decoding (same rows and width, kv_len growing) nothing needs it.
+        self._pad(r0, w0, k0, inputs=(r0, w0) != (rows, width), mask=r0 > rows or w0 > width or k0 > kv_len)
+        self.ids[:rows, :width].copy_(ids)
+        self.pos[:rows, :width].copy_(pos)
+        if cols is not None:
+            self.cols[:rows, :width].copy_(cols)
+        else:  # one slot written contiguously from `start`
+            torch.add(arange[:width], start, out=self.cols[0, :width])
+        self.mask[:rows, :, :width, :kv_len].copy_(mask)
+        self.used = (rows, width, kv_len)
+
+    def clear(self) -> None:
+        """Back to all padding (a warm-up step then writes only scratch columns)."""
+        self._pad(*self.used)
+        self.used = (0, 0, 0)
+
+
+class CompiledForward:
+    """`forward(input_ids, position_ids, mask, cache)` with `ModelRunner.forward`'s contract
+    (greedy next token of every input position as host lists, and the logits [B, T, V]), run
+    as a compiled graph at the smallest bucket that holds the step.
+
+    batch_buckets / width_buckets: sizes to pad B and T up to (default: powers of two up to the
+    cache's max_batch / `max_width`). kv_buckets: key lengths to pad kv_len up to; the cache's
+    capacity is always the last one (None: only the capacity, i.e. attention over every slot
+    column). freezing (default on CPU): inductor freezing. gqa (default on CPU): grouped-query
+    attention inside SDPA, no repeat_kv copies. mode: default "reduce-overhead" on CUDA.
+
+    Each bucket compiles one graph the first time it runs (or in `warmup`); on 2 CPU cores that
+    is one to two minutes for a 135M model, and with freezing every graph keeps its own packed
+    copy of the weights, so keep the set small.
+
+    The cache must be a `BatchKVCache` whose decode rows are slots [0, B). The logits returned
+    are a view of the graph's output, valid until the next call (CUDA graphs reuse it).
+
+    Dynamo caches the graphs on `_decode_step`'s code object and does not guard on the freezing
+    flag: two instances over the same model and shapes share graphs, whatever their `freezing`.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache,
+        *,
+        max_width: int = 16,
+        batch_buckets: Iterable[int] | None = None,
+        width_buckets: Iterable[int] | None = None,
+        kv_buckets: Iterable[int] | None = None,
+        compile: bool = True,
+        freezing: bool | None = None,
+        mode: str | None = None,
+        gqa: bool | None = None,
+    ) -> None:
+        self.model, self.cache = model, cache
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.capacity = cache.capacity
+        self.scratch = cache.capacity - 1
+        cuda = self.device.type == "cuda"
+        self.batch_buckets = tuple(sorted(set(batch_buckets or _pow2_upto(cache.max_batch))))
+        self.width_buckets = tuple(sorted(set(width_buckets or _pow2_upto(max_width))))
+        if self.batch_buckets[-1] > cache.max_batch:
+            raise ValueError(f"batch bucket {self.batch_buckets[-1]} exceeds the cache's {cache.max_batch} slots")
+        kv = sorted({k for k in (kv_buckets or ()) if k < self.capacity} | {self.capacity})
+        self.kv_buckets = tuple(kv)
+        self.freezing = (not cuda) if freezing is None else freezing
+        # CUDA's flash / efficient kernels refuse enable_gqa with a mask (math fallback): CPU only
+        self.gqa = (not cuda) if gqa is None else gqa
+        self.static_inputs = cuda and not self.freezing  # freezing would fold static inputs into constants
+        self.mode = mode if mode is not None else ("reduce-overhead" if cuda else None)
+        self.cudagraphs = cuda and self.mode in ("reduce-overhead", "max-autotune")
+        self._fn = (torch.compile(_decode_step, fullgraph=True, dynamic=False, mode=self.mode) if compile
+                    else _decode_step)
+        self._arange = torch.arange(max(self.width_buckets), device=self.device)
+        self._staging: dict[Bucket, _Staging] = {}
+        self.calls = 0
+        self.eager_calls = 0
+        # One graph per bucket, all cached on `_decode_step`'s code object, shared by every instance:
+        # past the limit dynamo would quietly run the step eagerly.
+        torch._dynamo.config.recompile_limit += len(self.batch_buckets) * len(self.width_buckets) * len(self.kv_buckets)
+
+    # ---- buckets ----------------------------------------------------------------------------
+
+    def bucket_for(self, rows: int, width: int, kv_len: int) -> Bucket | None:
+        """The smallest bucket holding the step, or None (the eager forward runs it)."""
+        if kv_len > self.scratch:  # the scratch column must stay outside every real write
+            return None
+        picks = []
+        for size, sizes in ((rows, self.batch_buckets), (width, self.width_buckets), (kv_len, self.kv_buckets)):
+            i = bisect.bisect_left(sizes, size)
+            if i == len(sizes):
+                return None
+            picks.append(sizes[i])
+        return Bucket(*picks)
+
+    def _kv_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        layers = self.cache.layers
+        if not all(layer.is_initialized for layer in layers):
+            self._init_cache()
+        return [(layer.keys, layer.values) for layer in layers]
+
+    def _init_cache(self) -> None:
+        """Allocate the slot tensors before any prefill (for `warmup`), as the first write would."""
+        config = self.model.config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        empty = torch.empty((1, kv_heads, 0, head_dim), dtype=self.dtype, device=self.device)
+        for layer in self.cache.layers:
+            if not layer.is_initialized:
+                layer.lazy_initialization(empty, empty)
+
+    def _stage_for(self, bucket: Bucket) -> _Staging:
+        st = self._staging.get(bucket)
+        if st is None:
+            pairs = self._kv_pairs()
+            if self.static_inputs:
+                for k, v in pairs:
+                    torch._dynamo.mark_static_address(k)
+                    torch._dynamo.mark_static_address(v)
+            st = _Staging(bucket, pairs, self.scratch, self.dtype, self.device, self.static_inputs)
+            self._staging[bucket] = st
+        return st
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def _run(self, st: _Staging) -> tuple[torch.Tensor, torch.Tensor]:
+        first = st.compile_s is None
+        t0 = time.perf_counter() if first else 0.0
+        gqa = _sdpa_gqa() if self.gqa else contextlib.nullcontext()
+        # Dynamo reads the freezing flag when it traces, i.e. on a bucket's first call (patching
+        # costs ~40 us, so not on every step; an unexpected recompile would come out unfrozen).
+        freeze = torch._inductor.config.patch(freezing=self.freezing) if first else contextlib.nullcontext()
+        with torch.inference_mode(), freeze, gqa:
+            if self.cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            logits, pred = self._fn(self.model, st.ids, st.pos, st.mask, st.cache)
+        if first:
+            st.compile_s = time.perf_counter() - t0
+        st.calls += 1
+        return logits, pred
+
+    def warmup(self, buckets: Iterable[Bucket | tuple[int, int, int]]) -> dict[Bucket, float]:
+        """Compile these buckets now with an all-padding step (it writes only scratch columns).
+        Returns the seconds each first call took (compile included)."""
+        out = {}
+        for b in buckets:
+            b = b if isinstance(b, Bucket) else Bucket(*b)
+            st = self._stage_for(b)
+            st.clear()
+            first = st.compile_s is None
+            self._run(st)
+            if first:
+                out[b] = st.compile_s
+        return out
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
+                cache) -> tuple[list, torch.Tensor]:
+        """`ModelRunner.forward`: the cache is prepared (`prepare_rows` / `prepare_slot`) for
+        rows [0, B), mask [B, 1, T, kv_len] with kv_len = cache.kv_len."""
+        rows, width = input_ids.shape
+        lo, hi = cache.rows
+        ours = lo == 0 and hi == rows and cache is self.cache
+        bucket = self.bucket_for(rows, width, mask.shape[-1]) if ours else None
+        if bucket is not None and bucket.batch > rows and max(cache.lengths[rows : bucket.batch]) > self.scratch:
+            bucket = None  # a padding row's slot holds a token in the scratch column
+        if bucket is None:
+            return self.eager(input_ids, position_ids, mask, cache)
+        st = self._stage_for(bucket)
+        if cache.write_start is not None:
+            st.stage(input_ids, position_ids, None, cache.write_start, mask, self._arange)
+        else:
+            st.stage(input_ids, position_ids, cache.write_index, None, mask, self._arange)
+        logits, pred = self._run(st)
+        self.calls += 1
+        return pred[:rows, :width].tolist(), logits[:rows, :width]
+
+    __call__ = forward
+
+    def eager(self, input_ids, position_ids, mask, cache) -> tuple[list, torch.Tensor]:
+        """The uncompiled forward (ModelRunner.forward's body), for steps outside every bucket."""
+        self.eager_calls += 1
+        logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache,
+                            use_cache=True).logits
+        return logits.argmax(dim=-1).tolist(), logits
+
+    def compile_seconds(self) -> dict[Bucket, float]:
+        return {b: st.compile_s for b, st in self._staging.items() if st.compile_s is not None}

@@ -1,0 +1,52 @@
+"""How many sequences fit: KV slots sized from a memory budget, as vLLM's gpu_memory_utilization does."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on `device` now: the GPU's free memory, or the host's available memory."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil  # a dependency of ray; only needed for a fractional budget on CPU
+
+    return int(psutil.virtual_memory().available)
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """The arithmetic behind the engine's slot count, logged at start and shown on /health."""
+
+    slots: int
+    capacity_tokens: int  # per slot: max_seq_len + one step's rows
+    bytes_per_token: int  # keys and values of every layer
+    bytes_per_slot: int  # KV plus the slot's step mask
+    budget_bytes: int | None  # None: no budget, max_batch slots
+    total_bytes: int
+
+    def describe(self) -> str:
+        budget = "no budget" if self.budget_bytes is None else f"budget {self.budget_bytes / 2**20:.0f} MiB"
+        return (f"KV cache: {self.slots} slots x {self.capacity_tokens} tokens x {self.bytes_per_token / 1024:.1f} KiB "
+                f"(+ step mask) = {self.total_bytes / 2**20:.0f} MiB ({budget})")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_kv(max_batch: int, capacity: int, bytes_per_token: int, mask_bytes_per_slot: int,
+            budget: float | int | None, free_bytes: int | None) -> KVPlan:
+    """Fit slots of `capacity` tokens into `budget` (bytes, or a fraction of `free_bytes`), at most
+    `max_batch`; raise ValueError when not even one fits."""
+    per_slot = capacity * bytes_per_token + mask_bytes_per_slot
+    if budget is None:
+        return KVPlan(max_batch, capacity, bytes_per_token, per_slot, None, max_batch * per_slot)
+    budget_bytes = int(budget * free_bytes) if isinstance(budget, float) else int(budget)
+    slots = min(max_batch, budget_bytes // per_slot)
+    if slots < 1:
+        raise ValueError(
+            f"the KV cache budget of {budget_bytes / 2**20:.1f} MiB holds no sequence: one of max_seq_len "
+            f"{capacity} tokens (with one step's rows) needs {per_slot / 2**20:.1f} MiB; raise engine.kv_cache_memory "
+            f"or lower engine.max_seq_len")
+    return KVPlan(slots, capacity, bytes_per_token, per_slot, budget_bytes, slots * per_slot)

@@ -1,0 +1,122 @@
+"""CompiledForward against the eager forward on a tiny random llama: the same greedy tokens, the same
+logits and the same KV writes, in two buckets (one padded to a kv bucket, one to the cache's
+capacity), a bucket reused without recompiling, and steps outside every bucket run eagerly."""
+import pytest
+import torch
+
+from lookahead_core.engine.compiled_forward import Bucket, CompiledForward
+from lookahead_core.engine.kv_cache import BatchKVCache
+from lookahead_core.models.random_models import build_random_model
+
+CAP = 64
+MIN = torch.finfo(torch.float32).min
+PREFILLED = [20, 33, 25, 12]  # slot 3 stands for a sequence being prefilled: no decode row
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_random_model("llama", vocab_size=256)
+
+
+def _prefilled(model) -> BatchKVCache:
+    cache = BatchKVCache(model.config.num_hidden_layers, max_batch=4, capacity=CAP)
+    gen = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        for slot, n in enumerate(PREFILLED):
+            ids = torch.randint(2, 256, (1, n), generator=gen)
+            causal = torch.full((n, n), MIN).triu_(1)[None, None]
+            cache.prepare_slot(slot, 0, n)
+            model(input_ids=ids, position_ids=torch.arange(n)[None], attention_mask=causal, past_key_values=cache, use_cache=True)
+            cache.lengths[slot] = n
+    return cache
+
+
+def _step(rows: int, width: int, seed: int):
+    """Ids, positions, write offsets and a block-causal mask for slots [0, rows) at their lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = PREFILLED[:rows]
+    kv_len = max(lengths) + width
+    ids = torch.randint(2, 256, (rows, width), generator=gen)
+    offsets = torch.tensor(lengths)[:, None] + torch.arange(width)
+    mask = torch.full((rows, 1, width, kv_len), MIN)
+    for b, n in enumerate(lengths):
+        mask[b, 0, :, :n] = 0.0
+        mask[b, 0, :, n : n + width] = torch.full((width, width), MIN).triu_(1)
+    return ids, offsets.clone(), offsets, mask, kv_len
+
+
+def _run(forward, cache, rows, width, seed):
+    ids, pos, widx, mask, kv_len = _step(rows, width, seed)
+    cache.prepare_rows(rows, widx, kv_len)
+    with torch.inference_mode():
+        pred, logits = forward(ids, pos, mask, cache)
+    return pred, logits.clone()
+
+
+def _same_writes(eager: BatchKVCache, compiled: BatchKVCache, rows: int, width: int) -> None:
+    for le, lc in zip(eager.layers, compiled.layers):
+        for te, tc in ((le.keys, lc.keys), (le.values, lc.values)):
+            for b in range(rows):
+                n = PREFILLED[b]
+                torch.testing.assert_close(tc[b, :, : n + width], te[b, :, : n + width], rtol=1e-5, atol=1e-5)
+            # nothing else moved but the scratch column: slot 3's prompt and every unused column
+            torch.testing.assert_close(tc[:, :, : CAP - 1], te[:, :, : CAP - 1], rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_forward_matches_eager_in_two_buckets(model):
+    eager_cache, cache = _prefilled(model), _prefilled(model)
+    cf = CompiledForward(model, cache, batch_buckets=(1, 4), width_buckets=(1, 8), kv_buckets=(32,))
+    frames = torch._dynamo.utils.counters["frames"]
+    steps = [(3, 5, 0), (2, 7, 1), (1, 1, 2), (3, 3, 3), (1, 1, 4)]  # (4,8,64) twice, (1,1,32), both again
+    expected = [Bucket(4, 8, CAP), Bucket(4, 8, CAP), Bucket(1, 1, 32), Bucket(4, 8, CAP), Bucket(1, 1, 32)]
+    seen = set()
+    for (rows, width, seed), bucket in zip(steps, expected):
+        assert cf.bucket_for(rows, width, max(PREFILLED[:rows]) + width) == bucket
+        before = frames["ok"]
+        ref_pred, ref_logits = _run(cf.eager, eager_cache, rows, width, seed)
+        pred, logits = _run(cf.forward, cache, rows, width, seed)
+        assert pred == ref_pred
+        assert logits.shape == ref_logits.shape == (rows, width, 256)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+        _same_writes(eager_cache, cache, rows, width)
+        if bucket in seen:
+            assert frames["ok"] == before, f"bucket {bucket} recompiled"
+        seen.add(bucket)
+    assert set(cf.compile_seconds()) == {Bucket(4, 8, CAP), Bucket(1, 1, 32)}
+    assert cf.calls == 5 and cf.eager_calls == 5  # the reference runs went through cf.eager
+
+
+def test_steps_outside_every_bucket_run_eagerly(model):
+    cache = _prefilled(model)
+    cf = CompiledForward(model, cache, batch_buckets=(1, 2), width_buckets=(1, 4), compile=False)
+    assert cf.bucket_for(3, 1, 40) is None  # more rows than the largest bucket
+    assert cf.bucket_for(1, 5, 40) is None  # wider than the largest bucket
+    assert cf.bucket_for(1, 1, CAP) is None  # would reach the scratch column
+    assert cf.bucket_for(2, 3, 40) == Bucket(2, 4, CAP)
+    ref_cache = _prefilled(model)
+    ref, _ = _run(cf.eager, ref_cache, 3, 2, 7)
+    pred, logits = _run(cf.forward, cache, 3, 2, 7)
+    assert pred == ref and cf.calls == 0 and cf.eager_calls == 2
+    padded = CompiledForward(model, cache, batch_buckets=(2,), width_buckets=(4,), compile=False)
+    cache.lengths[1] = CAP  # the slot that would pad a one-row step holds a token in the scratch column
+    _run(padded.forward, cache, 1, 2, 7)
+    assert padded.calls == 0 and padded.eager_calls == 1
+    cache.lengths[1] = PREFILLED[1]
+    # uncompiled, a bucketed step pads and stages exactly as the graph would see it
+    ref, ref_logits = _run(cf.eager, ref_cache, 2, 3, 8)
+    pred, logits = _run(cf.forward, cache, 2, 3, 8)
+    assert pred == ref and cf.calls == 1
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    staged = cf._staging[Bucket(2, 4, CAP)]
+    assert staged.cols[:, 3].tolist() == [CAP - 1, CAP - 1]  # padding tokens write the scratch column
+    assert (staged.mask[:, 0, 3, 0] == 0).all()  # and see column 0, never nothing
+
+
+def test_warmup_compiles_without_touching_committed_keys(model):
+    cache = _prefilled(model)
+    before = [layer.keys[:, :, : CAP - 1].clone() for layer in cache.layers]
+    cf = CompiledForward(model, cache, batch_buckets=(2,), width_buckets=(2,), compile=False)
+    seconds = cf.warmup([(2, 2, CAP)])
+    assert list(seconds) == [Bucket(2, 2, CAP)]
+    for layer, keys in zip(cache.layers, before):
+        assert torch.equal(layer.keys[:, :, : CAP - 1], keys)

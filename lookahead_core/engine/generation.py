@@ -1,8 +1,9 @@
 """`generate` and `stream` for one sequence: the batching engine, run with one request."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -10,24 +11,18 @@ from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.model_runner import ModelRunner
 from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.sequence import SequenceStats
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.lookahead.stopping import FinishReason, StopCondition
 
 
 @dataclass
-class GenerationStats:
-    steps: int
-    new_tokens: int
-    accepted_histogram: dict[int, int] = field(default_factory=dict)
+class GenerationStats(SequenceStats):
+    """The request's own figures (steps by kind, accepted histogram, compression) and its timings."""
+
     forward_s: float = 0.0
     decode_s: float = 0.0
-    steps_by_kind: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def compression(self) -> float:
-        """New tokens per decode step (1.0 for plain decoding)."""
-        return self.new_tokens / self.steps if self.steps else 0.0
 
     @property
     def host_overhead(self) -> float:
@@ -107,7 +102,6 @@ def generate(model, input_ids, *, max_new_tokens: int, params: LookaheadParams |
             tokens.extend(out.tokens)
             if out.finish_reason is not None:
                 final = out
-    stats = final.stats
-    return GenerationResult(tokens=tokens, finish_reason=final.finish_reason, stats=GenerationStats(
-        steps=stats.steps, new_tokens=len(tokens), accepted_histogram=dict(sorted(stats.accepted_histogram.items())),
-        forward_s=engine.forward_s, decode_s=engine.step_s - engine.prefill_s, steps_by_kind=dict(stats.steps_by_kind)))
+    stats = GenerationStats(**dataclasses.asdict(final.stats), forward_s=engine.forward_s,
+                            decode_s=engine.step_s - engine.prefill_s)
+    return GenerationResult(tokens=tokens, finish_reason=final.finish_reason, stats=stats)

@@ -33,7 +33,7 @@ def test_cpu_default_serves_the_installed_real_model_on_every_core():
     assert (Path(folder) / gguf).is_file()  # installed by `make install` from the package registry
     assert args.model.served_name == "SmolLM2-135M-Instruct"
     # KV sized from a budget and a max_seq_len (not the model's 8k context); "auto" fits the engine
-    assert args.engine.max_seq_len == 1024 and args.engine.kv_cache_memory == 256 * 2**20
+    assert args.engine.max_seq_len == 1024 and args.engine.kv_cache_memory == 480 * 2**20
     args.engine.check_params(args.engine.lookahead)
     # one replica with both cores of the 2-core machine; the ingress asks for none
     assert args.num_cpus == 2 and args.threads == 2

@@ -88,7 +88,6 @@ class Sequence:
         layout_for: Callable[[LookaheadParams | None], StepLayout],
         shared: SharedNGramPool | None = None,
     ) -> None:
-        self.req = req
         self.seq_id = req.request_id
         self.tokens: list[int] = list(req.prompt)
         self.prompt_len = len(self.tokens)

@@ -24,11 +24,14 @@ class StepCosts:
         self.alpha = alpha
         self.prior_slope = prior_slope
         self._ms: dict[tuple[int, int], float] = {}
+        self._narrowest: dict[int, int] = {}  # per batch bucket, the narrowest measured width
         self.observed = 0
         self.last: tuple[int, int, float] | None = None  # (batch, width, ms) of the latest forward
 
     def observe(self, batch: int, width: int, ms: float) -> None:
         key = (batch_bucket(batch), width)
+        if width < self._narrowest.get(key[0], width + 1):
+            self._narrowest[key[0]] = width
         old = self._ms.get(key)
         self._ms[key] = ms if old is None else old + self.alpha * (ms - old)
         self.observed += 1
@@ -54,10 +57,10 @@ class StepCosts:
         """A one-token step's cost at this batch size: measured, or else inferred from the narrowest
         measured width through the prior (a bucket whose rows never all run plain still gets a price)."""
         bucket = batch_bucket(batch)
-        widths = sorted(w for b, w in list(self._ms) if b == bucket)
-        if not widths:
+        width = self._narrowest.get(bucket)
+        if width is None:
             return None
-        return self._ms[bucket, widths[0]] / self.prior_ratio(widths[0])
+        return self._ms[bucket, width] / self.prior_ratio(width)
 
     def ratio(self, batch: int, width: int) -> float:
         """Cost of a step of `width` tokens per row against a step of one, at this batch size."""

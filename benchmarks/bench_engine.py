@@ -59,7 +59,10 @@ def run_hf_batches(model, prompts, concurrency: int, requests: int, max_new: int
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         ts = time.perf_counter()
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, pad_token_id=pad_id, eos_token_id=None)
+        out = model.generate(
+            ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False,
+            pad_token_id=pad_id, eos_token_id=None,
+        )
         latencies += [time.perf_counter() - ts] * len(batch)
         tokens += (out.shape[1] - width) * len(batch)
     wall = time.perf_counter() - t0
@@ -152,7 +155,9 @@ def main(argv: list[str] | None = None) -> dict:
             "single_speedup_vs_plain": single,
             "engine_c1_speedup_vs_plain": eng,
         }
-        summary[key]["engine_keeps_share_of_single_speedup"] = summary[key]["engine_c1_speedup_vs_hf"] / summary[key]["single_speedup_vs_hf"]
+        summary[key]["engine_keeps_share_of_single_speedup"] = (
+            summary[key]["engine_c1_speedup_vs_hf"] / summary[key]["single_speedup_vs_hf"]
+        )
     print("\n" + json.dumps(summary, indent=1))
     report = {"args": vars(args), "rows": {k: {str(c): v for c, v in by.items()} for k, by in rows.items()}, "summary": summary}
     if args.json:

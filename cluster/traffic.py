@@ -2,13 +2,14 @@
 last one ends, and every request's outcome (done, a clear error, or a hang) is recorded."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass
 from typing import Self
 
 import requests
+
+from lookahead_core.serving import sse
 
 PROMPTS = [  # asked through the chat template, so the model answers at length
     "Write a short story about a lighthouse keeper.",
@@ -48,13 +49,9 @@ def stream_once(url: str, model: str, user: int, max_tokens: int, timeout_s: flo
             if status != 200:
                 error = r.json().get("error", {}).get("message", r.text)
                 return Outcome(user, start, time.time(), status, 0, False, error)
-            for line in r.iter_lines():
-                if not line.startswith(b"data: "):
-                    continue
-                data = line[6:]
-                if data == b"[DONE]":
+            for chunk in sse.events(r.iter_lines()):
+                if chunk == sse.DONE:
                     return Outcome(user, start, time.time(), status, tokens, finished, error, first)
-                chunk = json.loads(data)
                 if "error" in chunk:
                     error = chunk["error"]["message"]
                     continue

@@ -45,5 +45,6 @@ def build_app(args: AppArgs) -> Application:
     # thread, so nothing in this replica blocks the loop.
     actor_options = {"num_gpus": args.num_gpus, "num_cpus": args.num_cpus,
                      "runtime_env": {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}}
-    model = LookaheadModel.options(ray_actor_options=actor_options).bind(args.model_dump(exclude={"auth"}))
-    return LookaheadAPI.bind(model, args.model.served_name, guard)
+    # @serve.deployment makes these Deployments; Ray's decorator typing leaves them classes to mypy.
+    model = LookaheadModel.options(ray_actor_options=actor_options).bind(args.model_dump(exclude={"auth"}))  # type: ignore[attr-defined]
+    return LookaheadAPI.bind(model, args.model.served_name, guard)  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -89,7 +90,7 @@ def _replay(messages: list[dict], receive):
     return replayed
 
 
-async def _reply(send, status: int, message: str, extra_headers: list[tuple[bytes, bytes]] = ()) -> None:
+async def _reply(send, status: int, message: str, extra_headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     kind = "authentication_error" if status == 401 else "invalid_request_error"
     body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra_headers]

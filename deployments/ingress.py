@@ -6,9 +6,9 @@ OpenAI's envelope: {"error": {"message", "type", "param", "code"}}.
 """
 
 import asyncio
-import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,10 +17,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.exceptions import RayActorError, RayError
 from ray.serve.exceptions import BackPressureError
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException
 
-from lookahead_core.serving import Completion, Delta, RequestError, ServeRequest, Usage
+from lookahead_core.serving import Completion, Delta, RequestError, ServeRequest, Usage, sse
 
 from .guard import GuardConfig, RequestGuard
 from .protocol import (
@@ -50,7 +50,7 @@ REPLICA_ATTEMPTS = 3
 RETRY_PAUSE_S = 0.5
 
 
-def error_response(err: RequestError, headers: dict | None = None) -> JSONResponse:
+def error_response(err: RequestError, headers: Mapping[str, str] | None = None) -> JSONResponse:
     """The HTTP status is the error's; the body has none. 503s tell the client when to retry."""
     if err.status == 503:
         headers = {**(headers or {}), "Retry-After": "1"}
@@ -59,7 +59,7 @@ def error_response(err: RequestError, headers: dict | None = None) -> JSONRespon
 
 def stream_error(err: RequestError) -> bytes:
     """An error after a streamed 200 has begun: the same envelope, plus the status it would have had."""
-    return _sse({"error": {**error_body(err), "status": err.status}})
+    return sse.encode({"error": {**error_body(err), "status": err.status}})
 
 
 @app.exception_handler(RequestError)
@@ -115,18 +115,14 @@ async def _completions(items, n: int = 1) -> list[Completion]:
     raise NO_RESULT
 
 
-def _sse(obj) -> bytes:
-    return f"data: {json.dumps(obj)}\n\n".encode()
-
-
 async def generate_events(items) -> AsyncIterator[bytes]:
     """/generate's SSE: {"token_ids", "text"} per step, then the completion with "done": true."""
     async for item in items:
         if isinstance(item, RequestError):
             yield stream_error(item)
             return
-        yield _sse(item.to_dict() if isinstance(item, Delta) else generate_body(item, stream=True))
-    yield b"data: [DONE]\n\n"
+        yield sse.encode(item.to_dict() if isinstance(item, Delta) else generate_body(item, stream=True))
+    yield sse.DONE_EVENT
 
 
 async def openai_events(items, head: dict, chat: bool, include_usage: bool, n: int = 1,
@@ -138,8 +134,8 @@ async def openai_events(items, head: dict, chat: bool, include_usage: bool, n: i
 
     def event(chunk: dict) -> bytes:
         if continuous_usage and so_far:
-            return _sse({**chunk, "usage": usage(total_usage(list(so_far.values())))})
-        return _sse({**chunk, "usage": None} if include_usage else chunk)
+            return sse.encode({**chunk, "usage": usage(total_usage(list(so_far.values())))})
+        return sse.encode({**chunk, "usage": None} if include_usage else chunk)
 
     if chat:
         for i in range(n):
@@ -160,8 +156,8 @@ async def openai_events(items, head: dict, chat: bool, include_usage: bool, n: i
                                      offset=offsets[item.index]))
             offsets[item.index] += sum(len(lp.token) for lp in item.logprobs or ())
     if include_usage and done:
-        yield _sse(openai_usage_chunk(head, chat, total_usage([c.usage for c in done])))
-    yield b"data: [DONE]\n\n"
+        yield sse.encode(openai_usage_chunk(head, chat, total_usage([c.usage for c in done])))
+    yield sse.DONE_EVENT
 
 
 # The ingress only awaits I/O: it asks Ray for no CPU, so the model replica can have every core.
@@ -195,7 +191,7 @@ class LookaheadAPI:
             open_paths=frozenset(guard.get("open_paths", ("/health",))),
             max_body_bytes=guard.get("max_body_bytes", 1 << 20),
         )
-        app.openapi = _openapi_naming(model_name)
+        app.openapi = _openapi_naming(model_name)  # type: ignore[method-assign]  # FastAPI's documented override
 
     async def _open(self, req: ServeRequest):
         """Start a generation and return its items (Delta..., Completion); raises the RequestError
@@ -203,7 +199,8 @@ class LookaheadAPI:
         no client waits on a request that can no longer finish."""
         for attempt in range(1, REPLICA_ATTEMPTS + 1):
             try:
-                gen = self.stream_handle.generate.remote(req)
+                # A stream=True handle returns a generator; Ray types .remote() as either kind.
+                gen = cast(DeploymentResponseGenerator, self.stream_handle.generate.remote(req))
                 first = await gen.__anext__()
                 break
             except BackPressureError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -72,6 +72,8 @@ class _Common(BaseModel):
     top_p: float = Field(1.0, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
     seed: int | None = Field(None, json_schema_extra={"minimum": 0})
     _request: ServeRequest | None = PrivateAttr(None)
+    if TYPE_CHECKING:  # every route declares it, with its own default and bounds
+        temperature: float | None
 
     @field_validator("temperature", "top_k", "top_p", "seed", check_fields=False)
     @classmethod
@@ -97,6 +99,7 @@ class _Common(BaseModel):
 
     def to_request(self) -> ServeRequest:
         """The one request this body asks for, built (and checked) once, when the body was validated."""
+        assert self._request is not None, "_build sets it on every validated body"
         return self._request
 
 
@@ -137,7 +140,8 @@ class GenerateRequest(_Common):
     ignore_eos: bool = Field(False, description="decode past EOS up to max_new_tokens")
 
     def _serve_request(self) -> ServeRequest:
-        return ServeRequest(prompt=self.prompt, input_ids=self.input_ids, messages=_messages(self.messages),
+        input_ids = None if self.input_ids is None else tuple(self.input_ids)
+        return ServeRequest(prompt=self.prompt, input_ids=input_ids, messages=_messages(self.messages),
                             max_new_tokens=self.max_new_tokens, stop=tuple(self.stop), lookahead=self.lookahead,
                             sampling=self.sampling(), timeout_s=self.timeout_s, ignore_eos=self.ignore_eos)
 
@@ -292,7 +296,7 @@ def completion_logprobs(lps: tuple[Logprob, ...], offset: int = 0) -> dict:
 
 
 def chat_logprobs(lps: tuple[Logprob, ...]) -> dict:
-    def entry(token: str, logprob: float) -> dict:
+    def entry(token: str, logprob: float | None) -> dict:
         return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
     return {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in lps]}
 

@@ -6,6 +6,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from typing import Literal
 
 import torch
 from ray import serve
@@ -17,7 +18,7 @@ from lookahead_core.engine.kv_budget import free_memory
 from lookahead_core.engine.model_runner import ModelRunner
 from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.stopping import StopCondition
-from lookahead_core.models.loading import cpu_capability, load_model
+from lookahead_core.models.loading import cpu_capability, dtype_reason, load_model
 from lookahead_core.serving import Completion, Delta, RequestError, RequestProcessor, ServeRequest
 
 from .autoscaling import RUNNING, WAITING
@@ -46,8 +47,8 @@ class LookaheadModel:
                                       attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
                                       cache_dir=m.resolved_cache_dir(), chat_template=m.chat_template)
         self.dtype = str(model.dtype).removeprefix("torch.")
-        log.warning("serving %s: dtype %s (asked: %s), device %s, %d torch threads", m.served_name, self.dtype,
-                    m.dtype, m.device, torch.get_num_threads())
+        log.warning("serving %s: dtype %s (asked: %s%s), device %s, %d torch threads", m.served_name, self.dtype,
+                    m.dtype, dtype_reason(m.dtype, m.device), m.device, torch.get_num_threads())
         if tokenizer is None:
             raise ValueError(f"model {m.path!r} has no tokenizer")
         cfg = self.args.engine
@@ -71,7 +72,8 @@ class LookaheadModel:
         TTFT 4 s, then 0.2 s): pay them here, before Serve sends this replica any request."""
         start = time.time()
         prompt = tuple(tokenizer("The quick brown fox jumps over the lazy dog.")["input_ids"])
-        for i, lookahead in enumerate(("off", "auto")):
+        modes: tuple[Literal["off", "auto"], ...] = ("off", "auto")
+        for i, lookahead in enumerate(modes):
             self.engine.add_request(EngineRequest(f"warm-up-{i}", prompt, StopCondition(4), lookahead))
             while self.engine.has_work():
                 self.engine.step()
@@ -122,6 +124,8 @@ class LookaheadModel:
             "kv_cache": {**engine.kv_plan.as_dict(), "max_seq_len": engine.max_seq_len},
             "auto_lookahead": engine.config.lookahead.label,
             "step_costs_ms": engine.runner.costs.table(),
+            "compiled_decode": {"mode": engine.config.compile, "buckets": engine.compile_status(),
+                                "eager_forwards": engine.compiled.eager_calls if engine.compiled else None},
         }
 
     async def generate(self, req: ServeRequest) -> AsyncIterator[Delta | Completion | RequestError]:

@@ -51,7 +51,9 @@ def start_server(serve_config: str, timeout: float) -> tuple[subprocess.Popen, s
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     serve = Path(sys.executable).with_name("serve")
     log = open(Path(tempfile.gettempdir()) / "lookahead-campaign-serve.log", "w")
-    proc = subprocess.Popen([str(serve), "run", serve_config], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(serve), "run", serve_config], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     port = yaml.safe_load((ROOT / serve_config).read_text()).get("http_options", {}).get("port", 8000)
     host = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
@@ -90,7 +92,8 @@ def run_locust(host: str, c: Campaign, policy: str, stage: Stage, workdir: Path)
            "--slo-file", str(ROOT / c.slo), "--prompt-set", c.prompt_set, "--lookahead", policy,
            "--max-new-tokens", str(c.max_new_tokens), "--summary-json", str(summary), "--only-summary",
            "--stop-timeout", "30", "--loglevel", "WARNING"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={k: v for k, v in os.environ.items() if not k.startswith("LOOKAHEAD_SHAPE")})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOKAHEAD_SHAPE")}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     result = json.loads(summary.read_text()) if summary.exists() else {"breaches": [f"locust failed: {proc.stderr[-500:]}"], "figures": {}}
     result.update({"policy": policy, "users": stage.users, "exit_code": proc.returncode})
     return result
@@ -109,13 +112,15 @@ def write_report(c: Campaign, results: list[dict], out: Path) -> Path:
     lines = [f"# Load-test campaign `{c.name}`", "",
              f"{len(c.stages)} stages x {len(c.policies)} policies; prompts `{c.prompt_set}`, max_new_tokens {c.max_new_tokens}, "
              f"SLO file `{c.slo}`. Latencies in ms. Goodput = requests per second that met every SLO bound.", "",
-             "| policy | users | requests | fail | TTFT p50 / p95 | TPOT p50 / p95 | e2e p50 / p95 | tokens/s | goodput req/s | compression p50 | steps by kind | SLO |",
+             "| policy | users | requests | fail | TTFT p50 / p95 | TPOT p50 / p95 | e2e p50 / p95 | tokens/s | goodput req/s "
+             "| compression p50 | steps by kind | SLO |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in results:
         mix = ", ".join(f"{k}: {v}" for k, v in sorted(r.get("mix", {}).items()))
         verdict = "met" if not r["breaches"] else "breach: " + "; ".join(r["breaches"])
         lines.append(f"| {r['policy']} | {r['users']} | {r.get('requests', 0)} | {r.get('failures', 0)} | "
-                     f"{_fig(r, 'ttft', 'p50'):.0f} / {_fig(r, 'ttft', 'p95'):.0f} | {_fig(r, 'tpot', 'p50'):.1f} / {_fig(r, 'tpot', 'p95'):.1f} | "
+                     f"{_fig(r, 'ttft', 'p50'):.0f} / {_fig(r, 'ttft', 'p95'):.0f} | "
+                     f"{_fig(r, 'tpot', 'p50'):.1f} / {_fig(r, 'tpot', 'p95'):.1f} | "
                      f"{_fig(r, 'e2e', 'p50'):.0f} / {_fig(r, 'e2e', 'p95'):.0f} | {r['throughput_tok_s']:.0f} | {r['goodput_rps']:.2f} | "
                      f"{r.get('compression_p50') or 1.0:.2f} | {mix} | {verdict} |")
     import matplotlib
@@ -169,7 +174,9 @@ def write_report(c: Campaign, results: list[dict], out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtests.campaign", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m loadtests.campaign", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--config", required=True)
     ap.add_argument("--host", default=None, help="target a running server instead of starting one")
     ap.add_argument("--out", default=None)

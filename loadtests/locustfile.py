@@ -17,6 +17,7 @@ from pathlib import Path
 from locust import HttpUser, constant, events, task
 
 from loadtests.slo import ENTRIES, PERCENTILES, SloConfig, table, verdict
+from lookahead_core.serving import sse
 
 if os.environ.get("LOOKAHEAD_SHAPE"):
     from loadtests.shapes import SHAPES
@@ -83,13 +84,9 @@ class GenerateUser(HttpUser):
             if resp.status_code != 200:
                 resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
                 return
-            for line in resp.iter_lines():
-                if not line.startswith(b"data: "):
-                    continue
-                data = line[6:]
-                if data == b"[DONE]":
+            for event in sse.events(resp.iter_lines()):
+                if event == sse.DONE:
                     break
-                event = json.loads(data)
                 if "error" in event:  # e.g. the replica died mid-stream
                     resp.failure(f"error event {event['error'].get('status')}: {event['error'].get('message')}")
                     return
@@ -127,7 +124,8 @@ def figures(environment) -> dict[str, dict[str, float]]:
     for entry in ENTRIES:
         stats = environment.stats.get(entry, "METRIC")
         if stats.num_requests:
-            out[entry] = {"count": stats.num_requests, **{f"p{int(q * 100)}": float(stats.get_response_time_percentile(q)) for q in PERCENTILES}}
+            percentiles = {f"p{int(q * 100)}": float(stats.get_response_time_percentile(q)) for q in PERCENTILES}
+            out[entry] = {"count": stats.num_requests, **percentiles}
     return out
 
 

@@ -64,6 +64,8 @@ def table(cfg: SloConfig, figures: dict[str, dict[str, float]]) -> str:
         if not got:
             continue
         slo = cfg.entries.get(entry)
-        limits = "" if slo is None else ", ".join(f"{k}{'>=' if k.startswith('min') else '<='}{v:g}" for k, v in slo.model_dump().items() if v is not None)
-        lines.append(f"{entry:<22}{int(got['count']):>7}" + "".join(f"{got['p' + str(int(q * 100))]:>10.1f}" for q in PERCENTILES) + f"   {limits}")
+        bounds = {} if slo is None else slo.model_dump()
+        limits = ", ".join(f"{k}{'>=' if k.startswith('min') else '<='}{v:g}" for k, v in bounds.items() if v is not None)
+        cells = "".join(f"{got['p' + str(int(q * 100))]:>10.1f}" for q in PERCENTILES)
+        lines.append(f"{entry:<22}{int(got['count']):>7}" + cells + f"   {limits}")
     return "\n".join(lines)

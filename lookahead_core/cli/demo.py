@@ -17,7 +17,9 @@ from lookahead_core.models.loading import load_model
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lookahead_core.cli.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m lookahead_core.cli.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", required=True, help="save_pretrained folder, GGUF file or package:PKG/FILE")
     ap.add_argument("--prompt", required=True)
     ap.add_argument("--max-new-tokens", type=int, default=128)

@@ -5,7 +5,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from lookahead_core.engine.engine import Engine, StepOutput
@@ -57,7 +57,7 @@ class AsyncEngine:
 
     # ---- caller side ------------------------------------------------------------------------
 
-    async def generate(self, request: EngineRequest, timeout_s: float | None = None) -> AsyncIterator[StepOutput]:
+    async def generate(self, request: EngineRequest, timeout_s: float | None = None) -> AsyncGenerator[StepOutput, None]:
         """Yield one `StepOutput` per engine step that accepted tokens for this request.
 
         Raises ValueError / EngineOverloaded before the first yield if the engine refuses the
@@ -170,7 +170,7 @@ async def _next(queue: asyncio.Queue, loop: asyncio.AbstractEventLoop, deadline:
         return await queue.get()
     try:
         return await asyncio.wait_for(queue.get(), max(deadline - loop.time(), 0))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise RequestTimeout(f"request timed out after {timeout_s:g} s") from None
 
 

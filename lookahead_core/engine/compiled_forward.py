@@ -1,6 +1,6 @@
 """A compiled decode forward: `ModelRunner.forward` at static shapes, from a few buckets.
 
-Prototype for issue 28. The eager decode forward re-dispatches every op of the model each step;
+The eager decode forward re-dispatches every op of the model each step;
 `torch.compile` (inductor) fuses the elementwise work and, on CPU with freezing, folds the weights
 into constants and packs them once for MKL's packed GEMM. Compiled graphs want static shapes, so a
 step [B, T] attending to kv_len keys runs in the smallest bucket (Bb >= B, Tb >= T, Kb >= kv_len):
@@ -19,24 +19,31 @@ step [B, T] attending to kv_len keys runs in the smallest bucket (Bb >= B, Tb >=
 
 Shapes outside every bucket, or a cache state the buckets cannot express, run the eager forward.
 
-On CPU the graphs are compiled with inductor freezing (`torch._inductor.config.freezing`, set
-around each bucket's first call: dynamo reads it when it traces). Freezing turns every *static* graph input into
-a constant, so nothing here is marked with `mark_static_address` on CPU; the staging buffers and KV
-tensors stay ordinary graph inputs. On CUDA, `mode="reduce-overhead"` records CUDA graphs; there
-the staging buffers and KV tensors are marked static (no copies into the graph's inputs) and
-freezing is off. The CUDA path is written to run but has not been tested.
+On CPU the graphs are compiled with inductor freezing (set around a bucket's first call): every
+*static* graph input turns into a constant, so nothing here is marked with `mark_static_address`
+on CPU; the staging buffers and KV tensors stay ordinary graph inputs. Each frozen graph holds its own packed copy of the weights. On CUDA,
+`mode="reduce-overhead"` records CUDA graphs; there the staging buffers and KV tensors are marked
+static (no copies into the graph's inputs) and freezing is off.
 """
 from __future__ import annotations
 
 import bisect
 import contextlib
+import logging
+import os
+import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations import sdpa_attention
+
+log = logging.getLogger(__name__)
+_compile_lock = threading.Lock()
 
 
 def _pow2_upto(limit: int) -> tuple[int, ...]:
@@ -53,6 +60,8 @@ class _BucketLayer(CacheLayerMixin):
 
     is_sliding = False
     is_compileable = True
+    keys: torch.Tensor
+    values: torch.Tensor
 
     def __init__(self, owner: _BucketCache, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
@@ -91,23 +100,23 @@ class _BucketCache(Cache):
         super().__init__(layers=[_BucketLayer(self, k, v) for k, v in kv_pairs])
 
 
-def _always(*args, **kwargs) -> bool:
-    return True
-
-
-@contextlib.contextmanager
-def _sdpa_gqa():
-    """Grouped-query attention inside SDPA (`enable_gqa`) rather than `repeat_kv`, which copies the
-    attended keys and values once per query head group in every layer. transformers decides per
-    call in `use_gqa_in_sdpa` (on CPU and CUDA: only without a mask); the CPU kernels take a mask
-    with `enable_gqa`, so the compiled calls trace with the decision forced on. Dynamo guards on
-    the function, so every compiled call runs inside this context."""
+def install_sdpa_gqa() -> None:
+    """Grouped-query attention inside SDPA (`enable_gqa`) in compiled graphs, rather than `repeat_kv`,
+    which copies the attended keys and values once per query head group in every layer.
+    transformers decides per call in `use_gqa_in_sdpa` (on CPU: only without a mask); the CPU
+    kernels take a mask with `enable_gqa`. The decision is replaced once, process-wide, by one that
+    says yes while dynamo traces and defers to transformers otherwise: eager forwards (on any
+    thread, during a background compile too) keep transformers' own arithmetic, and dynamo's guard
+    on the function never changes."""
     original = sdpa_attention.use_gqa_in_sdpa
-    sdpa_attention.use_gqa_in_sdpa = _always
-    try:
-        yield
-    finally:
-        sdpa_attention.use_gqa_in_sdpa = original
+    if getattr(original, "_lookahead_gqa", False):
+        return
+
+    def use_gqa(attention_mask, key, value):  # CUDA's fused kernels refuse enable_gqa with a mask
+        return (torch.compiler.is_compiling() and key.device.type == "cpu") or original(attention_mask, key, value)
+
+    use_gqa._lookahead_gqa = True  # type: ignore[attr-defined]
+    sdpa_attention.use_gqa_in_sdpa = use_gqa
 
 
 def _decode_step(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: Cache):
@@ -141,6 +150,7 @@ class _Staging:
             for t_ in (self.ids, self.pos, self.cols, self.rows, self.mask):
                 torch._dynamo.mark_static_address(t_)
         self.cache = _BucketCache(kv_pairs, self.rows, self.cols, k)
+        self.bucket = bucket
         self.compile_s: float | None = None
         self.calls = 0
 
@@ -170,6 +180,7 @@ class _Staging:
         if cols is not None:
             self.cols[:rows, :width].copy_(cols)
         else:  # one slot written contiguously from `start`
+            assert start is not None
             torch.add(arange[:width], start, out=self.cols[0, :width])
         self.mask[:rows, :, :width, :kv_len].copy_(mask)
         self.used = (rows, width, kv_len)
@@ -188,18 +199,19 @@ class CompiledForward:
     batch_buckets / width_buckets: sizes to pad B and T up to (default: powers of two up to the
     cache's max_batch / `max_width`). kv_buckets: key lengths to pad kv_len up to; the cache's
     capacity is always the last one (None: only the capacity, i.e. attention over every slot
-    column). freezing (default on CPU): inductor freezing. gqa (default on CPU): grouped-query
-    attention inside SDPA, no repeat_kv copies. mode: default "reduce-overhead" on CUDA.
+    column). freezing (default on CPU): inductor freezing. mode: default "reduce-overhead" on
+    CUDA. On CPU, attention runs grouped-query inside SDPA (`install_sdpa_gqa`).
 
-    Each bucket compiles one graph the first time it runs (or in `warmup`); on 2 CPU cores that
-    is one to two minutes for a 135M model, and with freezing every graph keeps its own packed
-    copy of the weights, so keep the set small.
+    A bucket compiles one graph in `warmup`, on `compile_in_background`'s thread, or (`lazy`)
+    the first time a step needs it; on 2 CPU cores that is about a minute for a 135M model, and
+    with freezing every graph keeps its own packed copy of the weights, so keep the set small.
+    Without `lazy`, a step whose bucket is not compiled yet runs eagerly.
 
     The cache must be a `BatchKVCache` whose decode rows are slots [0, B). The logits returned
     are a view of the graph's output, valid until the next call (CUDA graphs reuse it).
 
-    Dynamo caches the graphs on `_decode_step`'s code object and does not guard on the freezing
-    flag: two instances over the same model and shapes share graphs, whatever their `freezing`.
+    Dynamo caches the graphs on `_decode_step`'s code object: two instances over the same model
+    and shapes may share graphs.
     """
 
     def __init__(
@@ -212,9 +224,9 @@ class CompiledForward:
         width_buckets: Iterable[int] | None = None,
         kv_buckets: Iterable[int] | None = None,
         compile: bool = True,
+        lazy: bool = True,
         freezing: bool | None = None,
         mode: str | None = None,
-        gqa: bool | None = None,
     ) -> None:
         self.model, self.cache = model, cache
         param = next(model.parameters())
@@ -229,13 +241,18 @@ class CompiledForward:
         kv = sorted({k for k in (kv_buckets or ()) if k < self.capacity} | {self.capacity})
         self.kv_buckets = tuple(kv)
         self.freezing = (not cuda) if freezing is None else freezing
-        # CUDA's flash / efficient kernels refuse enable_gqa with a mask (math fallback): CPU only
-        self.gqa = (not cuda) if gqa is None else gqa
         self.static_inputs = cuda and not self.freezing  # freezing would fold static inputs into constants
         self.mode = mode if mode is not None else ("reduce-overhead" if cuda else None)
         self.cudagraphs = cuda and self.mode in ("reduce-overhead", "max-autotune")
         self._fn = (torch.compile(_decode_step, fullgraph=True, dynamic=False, mode=self.mode) if compile
                     else _decode_step)
+        install_sdpa_gqa()
+        self._compiler: threading.Thread | None = None
+        self.lazy = lazy  # compile a bucket on its first step; else only warmed-up buckets run compiled
+        self.ready: set[Bucket] = set()
+        self.failed: dict[Bucket, str] = {}
+        self.busy = False  # set by the engine while it has requests: a background compile waits
+        self.beat = 0  # the engine's step count
         self._arange = torch.arange(max(self.width_buckets), device=self.device)
         self._staging: dict[Bucket, _Staging] = {}
         self.calls = 0
@@ -266,7 +283,7 @@ class CompiledForward:
 
     def _init_cache(self) -> None:
         """Allocate the slot tensors before any prefill (for `warmup`), as the first write would."""
-        config = self.model.config
+        config: Any = self.model.config
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
         heads = config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -293,16 +310,17 @@ class CompiledForward:
     def _run(self, st: _Staging) -> tuple[torch.Tensor, torch.Tensor]:
         first = st.compile_s is None
         t0 = time.perf_counter() if first else 0.0
-        gqa = _sdpa_gqa() if self.gqa else contextlib.nullcontext()
-        # Dynamo reads the freezing flag when it traces, i.e. on a bucket's first call (patching
-        # costs ~40 us, so not on every step; an unexpected recompile would come out unfrozen).
+        # Inductor reads the freezing flag when it compiles, i.e. on a bucket's first call; as a
+        # `torch.compile` option it is not applied. The flag is global: only the thread that
+        # compiles (one at a time, `_compile_lock`) sets it, and eager forwards never read it.
         freeze = torch._inductor.config.patch(freezing=self.freezing) if first else contextlib.nullcontext()
-        with torch.inference_mode(), freeze, gqa:
+        with _compile_lock if first else contextlib.nullcontext(), freeze, torch.inference_mode():
             if self.cudagraphs:
                 torch.compiler.cudagraph_mark_step_begin()
             logits, pred = self._fn(self.model, st.ids, st.pos, st.mask, st.cache)
         if first:
             st.compile_s = time.perf_counter() - t0
+            self.ready.add(st.bucket)
         st.calls += 1
         return logits, pred
 
@@ -311,14 +329,73 @@ class CompiledForward:
         Returns the seconds each first call took (compile included)."""
         out = {}
         for b in buckets:
-            b = b if isinstance(b, Bucket) else Bucket(*b)
-            st = self._stage_for(b)
+            bucket = b if isinstance(b, Bucket) else Bucket(*b)
+            st = self._stage_for(bucket)
             st.clear()
             first = st.compile_s is None
             self._run(st)
-            if first:
-                out[b] = st.compile_s
+            if first and st.compile_s is not None:
+                out[bucket] = st.compile_s
         return out
+
+    def compile_in_background(self, buckets: Iterable[Bucket | tuple[int, int, int]]) -> threading.Thread:
+        """Compile these buckets one by one on a daemon thread while steps run eagerly; each bucket
+        runs compiled from the step after it is ready. Each bucket's first call (the compile) writes
+        only scratch columns, so it may overlap the engine's steps. The compile pauses while `busy`
+        is set (the engine sets it while it has requests)."""
+        todo = [b if isinstance(b, Bucket) else Bucket(*b) for b in buckets]
+        for b in todo:  # staging and the KV tensors are created here, not raced by the thread
+            self._stage_for(b)
+
+        stuck = [-1]
+
+        def pause(frame, event, arg):
+            # Compiling is Python and holds the GIL; each op of an eager step beside it waits up
+            # to the switch interval for it (a forward beside a busy Python thread: 24x slower at
+            # the default 5 ms, still 2.4-3.8x at 1-100 us on 2 cores). So at every Python call
+            # the compile sleeps while the engine has work (attribute reads: this runs a lot).
+            # An engine that stops stepping may wait on a lock this thread holds (logging,
+            # an import): then the compile runs on until the engine steps again.
+            if not self.busy or self.beat == stuck[0]:
+                return
+            last, since = self.beat, time.monotonic()
+            while self.busy:
+                time.sleep(0.002)
+                if self.beat != last:
+                    last, since = self.beat, time.monotonic()
+                elif time.monotonic() - since > 1.0:
+                    stuck[0] = last
+                    return
+
+        def work() -> None:
+            with contextlib.suppress(OSError, AttributeError):  # the compiler's subprocesses too
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            sys.settrace(pause)  # this thread only
+            for b in todo:
+                try:
+                    seconds = self.warmup([b]).get(b)
+                    if seconds is not None:
+                        log.info("compiled decode bucket %s in %.1f s", b, seconds)
+                except Exception as exc:  # a bucket that cannot compile keeps running eagerly
+                    self.failed[b] = f"{type(exc).__name__}: {exc}"
+                    log.exception("compiling decode bucket %s failed; it stays eager", b)
+
+        self._compiler = threading.Thread(target=work, name="compile-decode-buckets", daemon=True)
+        self._compiler.start()
+        return self._compiler
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a background compile; True once nothing is compiling."""
+        if self._compiler is not None:
+            self._compiler.join(timeout)
+        return self._compiler is None or not self._compiler.is_alive()
+
+    def status(self) -> list[dict]:
+        """Every bucket set up: its shape, whether it runs compiled, its compile seconds and calls."""
+        return [{"batch": b.batch, "width": b.width, "kv": b.kv, "ready": b in self.ready,
+                 "compile_s": None if st.compile_s is None else round(st.compile_s, 1), "calls": st.calls,
+                 **({"error": self.failed[b]} if b in self.failed else {})}
+                for b, st in list(self._staging.items())]
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
                 cache) -> tuple[list, torch.Tensor]:
@@ -330,6 +407,8 @@ class CompiledForward:
         bucket = self.bucket_for(rows, width, mask.shape[-1]) if ours else None
         if bucket is not None and bucket.batch > rows and max(cache.lengths[rows : bucket.batch]) > self.scratch:
             bucket = None  # a padding row's slot holds a token in the scratch column
+        if bucket is not None and not self.lazy and bucket not in self.ready:
+            bucket = None  # still compiling, or never asked for
         if bucket is None:
             return self.eager(input_ids, position_ids, mask, cache)
         st = self._stage_for(bucket)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -60,6 +61,15 @@ class EngineConfig(BaseModel):
         512, ge=2, description="tokens at the end of a finished request (prompt tail and output) added to the shared pool"
     )
     layout_cache: int = Field(32, ge=1, description="step layouts kept, one per (N, W, G, lookup) in use")
+    compile: Literal["off", "on", "auto"] = Field(
+        "off", description="decode forward compiled per bucket: \"on\" compiles every bucket before the engine "
+                           "starts, \"auto\" serves at once (eager) and compiles them on a background thread")
+    compile_buckets: tuple[tuple[int, int], ...] = Field(
+        ((1, 1), (1, 8), (1, 17)), description="(batch, step width) shapes compiled; a step runs in the smallest "
+                                               "that holds it, padded, or eagerly when none does")
+    compile_kv: tuple[int, ...] = Field(
+        (512,), description="key lengths the compiled buckets are padded to (each doubles the graphs; the KV "
+                            "capacity at most); a step attending to more keys runs eagerly")
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod
@@ -77,6 +87,22 @@ class EngineConfig(BaseModel):
             self.check_params(self.lookahead)
         except ValueError as exc:
             raise ValueError(f"engine.lookahead (the \"auto\" setting) does not fit the engine: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _buckets_fit(self) -> EngineConfig:
+        if self.compile == "off":
+            return self
+        if not self.compile_buckets or not self.compile_kv:
+            raise ValueError("compile is on but compile_buckets or compile_kv is empty")
+        for batch, width in self.compile_buckets:
+            if not 1 <= batch <= self.max_batch:
+                raise ValueError(f"compile bucket batch {batch} is outside [1, max_batch={self.max_batch}]")
+            if not 1 <= width <= self.max_step_tokens:
+                raise ValueError(f"compile bucket width {width} is outside [1, {self.max_step_tokens}], the widest "
+                                 f"step max_n/max_w/max_g/max_lookup allow")
+        if min(self.compile_kv) < 1:  # one beyond the KV capacity means the capacity
+            raise ValueError(f"compile_kv {min(self.compile_kv)} must be >= 1")
         return self
 
     @property

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lookahead_core.engine.compiled_forward import Bucket, CompiledForward
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.kv_budget import KVPlan, free_memory, plan_kv
 from lookahead_core.engine.kv_cache import BatchKVCache
@@ -67,6 +68,7 @@ class Engine:
         r.check_length(self.max_seq_len)
         capacity = self.max_seq_len + cfg.max_step_tokens
         budget = cfg.kv_cache_memory
+        assert not isinstance(budget, str)  # EngineConfig parses memory strings into bytes
         if isinstance(budget, float) and free_bytes is None:
             free_bytes = free_memory(r.device)
         self.kv_plan: KVPlan = plan_kv(cfg.max_batch, capacity, r.kv_bytes_per_token,
@@ -89,6 +91,30 @@ class Engine:
         self.step_s = 0.0  # whole steps, prefill included
         self.steps = 0  # lifetime counters, for health and leak checks
         self.aborted = 0
+        self.compiled = self._compiled_forward(cfg) if cfg.compile != "off" else None
+
+    def _compiled_forward(self, cfg: EngineConfig) -> CompiledForward:
+        """The decode forward compiled for the configured buckets: before the first step ("on") or
+        on a background thread while steps run eagerly ("auto")."""
+        over = [batch for batch, _ in cfg.compile_buckets if batch > self.max_batch]
+        if over:
+            raise ValueError(f"compile bucket batch {max(over)} exceeds the {self.max_batch} KV slots the "
+                             f"kv_cache_memory budget allows")
+        capacity = self.cache.capacity
+        kvs = sorted({min(kv, capacity) for kv in cfg.compile_kv})
+        cf = CompiledForward(self.runner.model, self.cache, batch_buckets={b for b, _ in cfg.compile_buckets},
+                             width_buckets={w for _, w in cfg.compile_buckets}, kv_buckets=kvs, lazy=False)
+        buckets = [Bucket(b, w, kv) for b, w in cfg.compile_buckets for kv in kvs]
+        if cfg.compile == "on":
+            for bucket, seconds in cf.warmup(buckets).items():
+                log.info("compiled decode bucket %s in %.1f s", bucket, seconds)
+        else:
+            cf.compile_in_background(buckets)
+        return cf
+
+    def compile_status(self) -> list[dict]:
+        """The compiled decode buckets: shape, ready or not, compile seconds, steps run (for /health)."""
+        return [] if self.compiled is None else self.compiled.status()
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -122,6 +148,8 @@ class Engine:
         seq = Sequence(req, params, self.runner.layout, self.shared_pool)
         self._seqs[req.request_id] = seq
         sched.add(seq)
+        if self.compiled is not None:
+            self.compiled.busy = True
 
     def abort(self, seq_id: str | int) -> bool:
         """Stop a request; its slot is freed at once, or at the next step if it is running. False
@@ -145,6 +173,8 @@ class Engine:
         for slot in range(self.max_batch):
             self.cache.lengths[slot] = 0
             self.buffers.reset_slot(slot, 0)
+        if self.compiled is not None:
+            self.compiled.busy = False
 
     def queue_depth(self) -> tuple[int, int]:
         """(running, waiting); the sequence being prefilled counts as waiting."""
@@ -171,10 +201,13 @@ class Engine:
             self._retire()
         self.steps += 1
         self.step_s += time.perf_counter() - t0
+        if self.compiled is not None:
+            self.compiled.busy, self.compiled.beat = self.has_work(), self.steps
         return outputs
 
     def _prefill(self, seq: Sequence, start: int, n: int) -> None:
         slot = seq.slot
+        assert slot is not None  # the scheduler admitted it into a slot
         t0 = time.perf_counter()
         if n > 0:
             ids = torch.tensor([seq.tokens[start : start + n]], dtype=torch.long, device=self.runner.device)
@@ -185,7 +218,7 @@ class Engine:
             logits = self.runner.prefill(ids, start, self.cache, self._prefill_mask[:, :, :n, : start + n],
                                          all_logits=top is not None)
             m[:n, start : start + n].zero_()
-            if top is not None:  # row i predicts prompt token start + i + 1
+            if top is not None and seq.prompt_lp is not None:  # row i predicts prompt token start + i + 1
                 seq.prompt_lp += token_logprobs(logits[0], range(n), seq.tokens[start + 1 : start + n + 1], top)
         self.prefill_s += time.perf_counter() - t0
         self.cache.lengths[slot] = start + n
@@ -217,11 +250,14 @@ class Engine:
         cache.prepare_rows(batch, buf.dev[2, :batch, :width], kv_len)
         t1 = time.perf_counter()
         pred, logits = self.runner.forward(buf.dev[0, :batch, :width], buf.dev[1, :batch, :width],
-                                           buf.mask[:batch, :, :width, :kv_len], cache)
+                                           buf.mask[:batch, :, :width, :kv_len], cache, self.compiled)
         self.forward_s += time.perf_counter() - t1
 
         drawn = self._draw(running, rows, logits)
-        outputs, slots, src, dst = [], [], [], []
+        outputs: list[StepOutput] = []
+        slots: list[int] = []
+        src: list[int] = []
+        dst: list[int] = []
         for b, (seq, row) in enumerate(zip(running, rows)):
             accepted_rows, accepted = seq.accept(pred[b], row, drawn.get(b))
             start = lengths[b]

@@ -102,6 +102,8 @@ def generate(model, input_ids, *, max_new_tokens: int, params: LookaheadParams |
             tokens.extend(out.tokens)
             if out.finish_reason is not None:
                 final = out
+    # The engine ends every request, and its final output carries the stats.
+    assert final is not None and final.finish_reason is not None and final.stats is not None
     stats = GenerationStats(**dataclasses.asdict(final.stats), forward_s=engine.forward_s,
                             decode_s=engine.step_s - engine.prefill_s)
     return GenerationResult(tokens=tokens, finish_reason=final.finish_reason, stats=stats)

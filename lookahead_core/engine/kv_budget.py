@@ -42,7 +42,11 @@ def plan_kv(max_batch: int, capacity: int, bytes_per_token: int, mask_bytes_per_
     per_slot = capacity * bytes_per_token + mask_bytes_per_slot
     if budget is None:
         return KVPlan(max_batch, capacity, bytes_per_token, per_slot, None, max_batch * per_slot)
-    budget_bytes = int(budget * free_bytes) if isinstance(budget, float) else int(budget)
+    if isinstance(budget, float):
+        assert free_bytes is not None, "a fractional KV budget needs free_bytes"
+        budget_bytes = int(budget * free_bytes)
+    else:
+        budget_bytes = int(budget)
     slots = min(max_batch, budget_bytes // per_slot)
     if slots < 1:
         raise ValueError(

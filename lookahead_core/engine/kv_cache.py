@@ -1,6 +1,8 @@
 """KV memory for a batch of sequences: one preallocated slot per running request."""
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -14,6 +16,9 @@ class BatchSlotLayer(CacheLayerMixin):
 
     is_sliding = False
     is_compileable = False
+    # Set by lazy_initialization, before any use (the base class types them Optional).
+    keys: torch.Tensor
+    values: torch.Tensor
 
     def __init__(self, owner: BatchKVCache) -> None:
         super().__init__()
@@ -72,6 +77,11 @@ class BatchKVCache(Cache):
         self.write_rows = self._row_ids[:0, None]
         super().__init__(layers=[BatchSlotLayer(self) for _ in range(num_layers)])
 
+    @property
+    def slot_layers(self) -> list[BatchSlotLayer]:
+        """`layers`, typed: every layer of this cache is a BatchSlotLayer."""
+        return cast("list[BatchSlotLayer]", self.layers)
+
     def prepare_slot(self, slot: int, start: int, tokens: int) -> None:
         """The next forward writes `tokens` tokens of one slot at `start`."""
         if start + tokens > self.capacity:
@@ -96,7 +106,7 @@ class BatchKVCache(Cache):
 
     def compact(self, slots: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move entries (slots[i], src[i]) to (slots[i], dst[i]) in every layer; src > dst."""
-        for layer in self.layers:
+        for layer in self.slot_layers:
             if layer.is_initialized:
                 layer.keys[slots, :, dst] = layer.keys[slots, :, src]
                 layer.values[slots, :, dst] = layer.values[slots, :, src]
@@ -115,7 +125,7 @@ class BatchKVCache(Cache):
         if src == dst or count <= 0:
             return
         overlap = src < dst + count
-        for layer in self.layers:
+        for layer in self.slot_layers:
             if layer.is_initialized:
                 for t in (layer.keys, layer.values):
                     block = t[slot, :, src : src + count]
@@ -124,7 +134,7 @@ class BatchKVCache(Cache):
     def move_slot(self, src: int, dst: int) -> None:
         """Copy slot `src`'s committed entries into slot `dst` (filling a hole left by a finish)."""
         n = self.lengths[src]
-        for layer in self.layers:
+        for layer in self.slot_layers:
             if layer.is_initialized:
                 layer.keys[dst, :, :n].copy_(layer.keys[src, :, :n])
                 layer.values[dst, :, :n].copy_(layer.values[src, :, :n])

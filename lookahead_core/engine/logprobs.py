@@ -33,6 +33,6 @@ def token_logprobs(logits: torch.Tensor, rows: Sequence[int], tokens: Sequence[i
     picked = lp.gather(1, torch.tensor(tokens, device=lp.device).unsqueeze(1)).squeeze(1).tolist()
     if not top:
         return [TokenLogprob(t, v) for t, v in zip(tokens, picked)]
-    values, ids = lp.topk(top, dim=-1)
-    values, ids = values.tolist(), ids.tolist()
+    top_values, top_ids = lp.topk(top, dim=-1)
+    values, ids = top_values.tolist(), top_ids.tolist()
     return [TokenLogprob(t, v, tuple(zip(i, p))) for t, v, i, p in zip(tokens, picked, ids, values)]

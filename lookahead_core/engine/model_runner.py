@@ -4,9 +4,12 @@ from __future__ import annotations
 import inspect
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from lookahead_core.engine.compiled_forward import CompiledForward
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.params import LookaheadParams
@@ -22,7 +25,8 @@ class ModelRunner:
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        config: Any = model.config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.num_layers = int(config.num_hidden_layers)
         self.vocab_size = int(config.vocab_size)
         self.context_length = getattr(config, "max_position_embeddings", None)
@@ -49,7 +53,7 @@ class ModelRunner:
         self._layouts.move_to_end(key)
         return lay
 
-    def check_tokens(self, tokens: list[int]) -> None:
+    def check_tokens(self, tokens: Sequence[int]) -> None:
         bad = next((t for t in tokens if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {self.vocab_size})")
@@ -77,13 +81,17 @@ class ModelRunner:
                          use_cache=True, **kwargs)
         return out.logits
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache) -> tuple[list, torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache,
+                compiled: CompiledForward | None = None) -> tuple[list, torch.Tensor]:
         """Logits [B, T, V] and the greedy next token after every input position, as host lists
-        (the step's one host-device sync; sampling reads the logits rows it needs)."""
+        (the step's one host-device sync; sampling reads the logits rows it needs); through
+        `compiled` where one of its buckets holds the step."""
         t0 = time.perf_counter()
-        logits = self.model(
-            input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache, use_cache=True
-        ).logits
-        pred = logits.argmax(dim=-1).tolist()
+        if compiled is not None:
+            pred, logits = compiled.forward(input_ids, position_ids, mask, cache)
+        else:
+            logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                                past_key_values=cache, use_cache=True).logits
+            pred = logits.argmax(dim=-1).tolist()
         self.costs.observe(input_ids.shape[0], input_ids.shape[1], (time.perf_counter() - t0) * 1000.0)
         return pred, logits

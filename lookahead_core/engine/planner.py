@@ -32,7 +32,8 @@ class StepPlanner:
 
         def fits_slo(width: int, tokens_per_row: float) -> bool:
             ms = costs.estimate_ms(batch, width)
-            return ms is None or ms / max(tokens_per_row, 1.0) <= self.slo_tpot_ms
+            # Only passed on when slo_tpot_ms is set.
+            return ms is None or self.slo_tpot_ms is None or ms / max(tokens_per_row, 1.0) <= self.slo_tpot_ms
 
         floor = max((o.width for o in offers if o.menu is None), default=1)
         menus = [o.menu for o in offers if o.menu is not None]

@@ -73,6 +73,7 @@ class Scheduler:
             self.waiting.remove(seq)
             return []
         if seq is self.prefilling:
+            assert seq.slot is not None, "the prefilling sequence holds a slot"
             self.prefilling = None
             return [SlotMove(seq.slot)]
         return []

@@ -99,7 +99,7 @@ class Sequence:
         self.prompt_lp: list | None = [None] if req.prompt_logprobs is not None else None
         sampling = req.sampling
         self.sampling = sampling if sampling is not None and not sampling.greedy else None
-        self.seed = (sampling.seed if sampling.seed is not None else new_seed()) if self.sampling else None
+        self.seed = (self.sampling.seed if self.sampling.seed is not None else new_seed()) if self.sampling else None
         self.params = params
         self.layout = lay = layout_for(params)
         # Step positions: the layout's for the last token and window, tree depths after them;
@@ -170,9 +170,11 @@ class Sequence:
     def draws(self, row: Row) -> tuple[list[int], list[float]]:
         """The step rows a sampled request draws a token from (row 0 and the tree rows; the window
         keeps its argmax, it only seeds the window) and each one's uniform, from its output position."""
+        seed = self.seed
+        assert seed is not None, "draws() is for sampled requests, which all have a seed"
         tree, produced = self.tree, len(self.tokens) - self.prompt_len
         depths = [0, *tree.depth[: tree.size].tolist()]
-        return [0, *range(row.cand_start, row.cand_start + tree.size)], [position_uniform(self.seed, produced + d) for d in depths]
+        return [0, *range(row.cand_start, row.cand_start + tree.size)], [position_uniform(seed, produced + d) for d in depths]
 
     def accept(self, pred: Seq[int], row: Row, drawn: Seq[int] | None = None) -> tuple[list[int], list[int]]:
         """Verify against the step's outputs (`pred`: argmax per row; `drawn`: for a sampled

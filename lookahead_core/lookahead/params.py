@@ -59,8 +59,10 @@ class LookaheadParams:
             values = []
         if len(values) not in (3, 4):
             raise ValueError(f"lookahead setting must be three integers N,W,G (and optionally LOOKUP), got {text!r}")
-        extra = {"lookup": values[3]} if len(values) == 4 else {}
-        return cls(*values[:3], adapt=adapt, **extra)
+        n, w, g = values[:3]
+        if len(values) == 4:
+            return cls(n, w, g, lookup=values[3], adapt=adapt)
+        return cls(n, w, g, adapt=adapt)
 
     @property
     def label(self) -> str:

@@ -33,7 +33,8 @@ class CandidateTree:
         children = self._children = [{}]
         seen: set[tuple[int, ...]] = set()
         for cand in candidates:
-            node, path = 0, []
+            node = 0
+            path: list[int] = []
             for tok in cand:
                 child = children[node].get(tok)
                 if child is None:

@@ -36,6 +36,16 @@ def native_bf16(device: str) -> bool:
     return False
 
 
+def dtype_reason(name: str, device: str = "cpu") -> str:
+    """Why `auto` picked its dtype, for the start-up log ("" for an explicit dtype)."""
+    if name != "auto":
+        return ""
+    if native_bf16(device):
+        return ": bfloat16, computed natively here"
+    return (f": float32, bfloat16 is not native on this {device}"
+            + (f" (CPU capability {cpu_capability()}, no AVX512-BF16 or AMX)" if device == "cpu" else ""))
+
+
 def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
     """`auto` is bfloat16 where the device computes it natively, float32 elsewhere."""
     if name == "auto":
@@ -145,4 +155,4 @@ def load_model(
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     if chat_template is not None:
         tokenizer.chat_template = chat_template
-    return model.to(device).eval(), tokenizer
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]  # transformers types .to() for dtypes only

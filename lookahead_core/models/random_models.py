@@ -1,6 +1,8 @@
 """Small random-weight causal LMs of several architectures, for tests and benchmarks."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import (
     AutoModelForCausalLM,
@@ -15,15 +17,17 @@ from transformers import (
 ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3", "gemma", "gpt2")
 
 # Random models for benchmarks of step cost: `random:small` is a ~30M-parameter Llama.
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(arch="llama"),
     "small": dict(arch="llama", vocab_size=8192, hidden=512, layers=8, heads=8, kv_heads=4, context=2048, init_std=0.05),
 }
 
 
-def tiny_config(arch: str, vocab_size: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, context: int = 1024):
-    common = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=1, pad_token_id=0, tie_word_embeddings=False)
-    decoder = dict(
+def tiny_config(
+    arch: str, vocab_size: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, context: int = 1024
+):
+    common: dict[str, Any] = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=1, pad_token_id=0, tie_word_embeddings=False)
+    decoder: dict[str, Any] = dict(
         hidden_size=hidden,
         intermediate_size=hidden * 2,
         num_hidden_layers=layers,
@@ -47,7 +51,9 @@ def tiny_config(arch: str, vocab_size: int = 512, hidden: int = 64, layers: int 
     raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHITECTURES)}")
 
 
-def build_random_model(arch: str, *, seed: int = 0, attn_implementation: str = "sdpa", init_std: float = 0.3, dtype=torch.float32, **config_kwargs):
+def build_random_model(
+    arch: str, *, seed: int = 0, attn_implementation: str = "sdpa", init_std: float = 0.3, dtype=torch.float32, **config_kwargs
+):
     """A random model whose greedy output is not a short loop.
 
     The default init (std 0.02) makes every logit nearly equal, so greedy decoding falls into a

@@ -45,7 +45,7 @@ class Delta:
     usage: Usage | None = None  # of this choice so far
 
     def to_dict(self) -> dict:
-        out = {"token_ids": list(self.token_ids), "text": self.text}
+        out: dict[str, object] = {"token_ids": list(self.token_ids), "text": self.text}
         if self.index:
             out["index"] = self.index
         return out

@@ -99,7 +99,8 @@ class RequestProcessor:
         piece = tok.convert_ids_to_tokens(token_id)
         return "" if piece is None else tok.convert_tokens_to_string([piece])
 
-    def _logprobs(self, items: Iterable[TokenLogprob | None], token_ids: Iterable[int]) -> tuple[Logprob, ...]:
+    def _logprobs(self, items: Iterable[TokenLogprob | None] | None, token_ids: Iterable[int]) -> tuple[Logprob, ...]:
+        assert items is not None, "the engine sends logprobs whenever the request asks for them"
         return tuple(
             Logprob(self.token_text(t), t, None) if lp is None else
             Logprob(self.token_text(t), t, lp.logprob, tuple((self.token_text(i), v) for i, v in lp.top))
@@ -178,6 +179,7 @@ class RequestProcessor:
                     yield Delta((), echoed, index, lps, Usage(len(prompt), 0))
                 first = False
                 if out.tokens:
+                    assert out.kind is not None, "a step that accepted tokens has a kind"
                     kinds[out.kind.name.lower()] += 1
                     rows += out.width
                     ttft = ttft if ttft is not None else time.perf_counter() - t0
@@ -187,7 +189,7 @@ class RequestProcessor:
                     step_tokens = out.tokens[: text.kept] if hit else out.tokens
                     tokens.extend(step_tokens)
                     lps = None if logprobs is None else self._logprobs(out.logprobs, step_tokens)
-                    if lps is not None:
+                    if logprobs is not None and lps is not None:
                         logprobs.extend(lps)
                     yield Delta(tuple(step_tokens), delta, index, lps, Usage(len(prompt), len(tokens)))
                     if hit:
@@ -202,6 +204,7 @@ class RequestProcessor:
             raise RequestError(400, str(exc)) from None
         except RequestTimeout:
             if not tokens:  # nothing produced: an error, not an empty success
+                assert timeout_s is not None, "only a request with a deadline times out"
                 # The client's own deadline is a 408; the server's ceiling is a 504.
                 own = req.timeout_s is not None and req.timeout_s <= timeout_s
                 status, whose = (408, "its timeout_s") if own else (504, "the server's request_timeout_s")

@@ -1,5 +1,5 @@
 """Every endpoint of a real Serve app over HTTP; outputs equal `lookahead_core.generate`."""
-import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lookahead_core import LookaheadParams, generate
+from lookahead_core.serving import sse
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,25 @@ def test_health_and_models(server):
         assert spec[body]["properties"]["model"]["anyOf"][0]["enum"] == ["tiny"]
 
 
+def test_decode_compiles_in_the_background_then_serves_the_same_tokens(server, local):
+    """The replica answered from the start (eagerly) while its (1, 1) bucket compiled on a
+    background thread ("auto"); once /health shows it ready, one-token steps run compiled with the
+    tokens the library gives."""
+    deadline = time.time() + 300
+    while True:
+        (bucket,) = requests.get(server + "/health", timeout=10).json()["compiled_decode"]["buckets"]
+        if bucket["ready"] or "error" in bucket or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert bucket["ready"] and bucket["compile_s"] > 0 and (bucket["batch"], bucket["width"]) == (1, 1), bucket
+    r = post(server, "/generate", {"prompt": "def add(a, b):", "max_new_tokens": 20, "lookahead": "off"})
+    assert r.status_code == 200, r.text
+    tokens = r.json()["token_ids"]
+    assert tokens == expected(local, "def add(a, b):", 20)
+    (after,) = requests.get(server + "/health", timeout=10).json()["compiled_decode"]["buckets"]
+    assert after["calls"] >= bucket["calls"] + len(tokens) - 1  # every decode step (the first token is prefill's)
+
+
 @pytest.mark.parametrize("lookahead", [{"n": 4, "w": 3, "g": 3}, {"n": 4, "w": 3, "g": 3, "adapt": False}])
 def test_generate_matches_the_library(server, local, lookahead):
     r = post(server, "/generate", {"prompt": "def add(a, b):", "max_new_tokens": 20, "lookahead": lookahead})
@@ -61,9 +81,8 @@ def test_generate_from_input_ids(server, local):
 def test_streaming_is_token_accurate(server, local):
     r = post(server, "/generate", {"prompt": "import os", "max_new_tokens": 16, "stream": True}, stream=True)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    events = [line[len("data: "):] for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
+    *chunks, done = sse.events(r.iter_lines())
+    assert done == sse.DONE
     summary = chunks[-1]
     assert summary["done"] is True
     steps = [c for c in chunks[:-1] if c["token_ids"]]
@@ -155,19 +174,20 @@ def test_openai_completions(server, local):
     assert body["object"] == "text_completion" and body["usage"]["completion_tokens"] <= 12
     assert body["choices"][0]["text"] == local[1].decode(expected(local, "def g():", 12), skip_special_tokens=True)
     r = post(server, "/v1/completions", {"prompt": "def g():", "max_tokens": 12, "stream": True, "temperature": 0}, stream=True)
-    lines = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
-    assert lines[-1] == "data: [DONE]"
-    text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in lines[:-1])
+    *chunks, done = sse.events(r.iter_lines())
+    assert done == sse.DONE
+    text = "".join(c["choices"][0]["text"] for c in chunks)
     assert text == body["choices"][0]["text"]
 
 
 def test_openai_chat(server):
     body = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}).json()
     assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
-    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True, "temperature": 0}, stream=True)
-    lines = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
-    assert json.loads(lines[0][6:])["choices"][0]["delta"] == {"role": "assistant"} and lines[-1] == "data: [DONE]"
-    content = "".join(json.loads(l[6:])["choices"][0]["delta"].get("content", "") for l in lines[:-1])
+    stream_body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True, "temperature": 0}
+    r = post(server, "/v1/chat/completions", stream_body, stream=True)
+    *chunks, done = sse.events(r.iter_lines())
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"} and done == sse.DONE
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert content == body["choices"][0]["message"]["content"]
 
 

@@ -3,13 +3,14 @@
 Runs against a second app ("guarded", small queue, API keys) beside the session's main app, so
 killing its replica leaves the other tests alone.
 """
-import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+
+from lookahead_core.serving import sse
 
 KEY = "test-key-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -115,8 +116,8 @@ def test_client_disconnect_aborts_the_request_and_frees_its_slot(guarded):
     full_s = time.time() - t0
     before = health(guarded)["replica"]["aborted_requests"]
     r = gen(guarded, long_body(stream=True), stream=True)
-    lines = r.iter_lines()
-    assert next(line for line in lines if line.startswith(b"data: "))
+    events = sse.events(r.iter_lines())  # held: a dropped generator would close the stream
+    assert next(events)  # the first event: the request is decoding
     assert health(guarded)["running"] == 1
     r.close()  # the client hangs up mid-stream
     t_close = time.time()
@@ -134,7 +135,7 @@ def test_overload_is_a_quick_503_and_the_server_stays_healthy(guarded):
         return r.status_code, r.headers.get("retry-after"), time.time() - t0, r.json()
 
     rss, refused = [], []
-    for burst in range(3):
+    for _ in range(3):
         with ThreadPoolExecutor(12) as pool:
             results = list(pool.map(one, range(12)))
         codes = [c for c, *_ in results]
@@ -164,12 +165,11 @@ def test_killed_replica_is_replaced_and_no_request_hangs(guarded):
             r = gen(guarded, long_body(stream=True), stream=True)
             if r.status_code != 200:
                 return r.status_code, None
-            events = []
-            for line in r.iter_lines():
-                if line.startswith(b"data: "):
-                    events.append(line[6:])
-                    streaming[i].set()
-            return 200, json.loads(events[-1]) if events[-1] != b"[DONE]" else "done"
+            last = None
+            for event in sse.events(r.iter_lines()):
+                streaming[i].set()
+                last = event
+            return 200, "done" if last == sse.DONE else last
         except requests.RequestException as exc:
             return "connection", str(exc)
 

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory):
     path = tmp_path_factory.mktemp("prompts") / "short.jsonl"
-    path.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(["def f(x):", "import os", "class A:", "x = [1, 2"])))
+    texts = ["def f(x):", "import os", "class A:", "x = [1, 2"]
+    path.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(texts)))
     return path
 
 

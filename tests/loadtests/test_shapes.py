@@ -28,7 +28,9 @@ print(json.dumps(out))
 
 def ticks(times: dict, **env) -> dict:
     environ = {**os.environ, "PYTHONPATH": str(ROOT), **{f"LOOKAHEAD_SHAPE_{k}": str(v) for k, v in env.items()}}
-    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(times)], capture_output=True, text=True, env=environ, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(times)], capture_output=True, text=True, env=environ, timeout=120, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

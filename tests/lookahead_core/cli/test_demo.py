@@ -6,7 +6,9 @@ from lookahead_core.cli import demo
 
 
 def test_demo_prints_completion_speed_and_identity(tiny_model_dir, capsys):
-    code = demo.main(["--model", str(tiny_model_dir), "--prompt", "def add(a, b):", "--max-new-tokens", "16", "--n", "3", "--w", "3", "--g", "3"])
+    code = demo.main(
+        ["--model", str(tiny_model_dir), "--prompt", "def add(a, b):", "--max-new-tokens", "16", "--n", "3", "--w", "3", "--g", "3"]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert out.startswith("def add(a, b):")

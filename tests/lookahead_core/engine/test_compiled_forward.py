@@ -1,11 +1,17 @@
 """CompiledForward against the eager forward on a tiny random llama: the same greedy tokens, the same
 logits and the same KV writes, in two buckets (one padded to a kv bucket, one to the cache's
-capacity), a bucket reused without recompiling, and steps outside every bucket run eagerly."""
+capacity), a bucket reused without recompiling, and steps outside every bucket run eagerly; and
+the engine on it: compiled before the first step ("on") or in the background ("auto")."""
 import pytest
 import torch
 
 from lookahead_core.engine.compiled_forward import Bucket, CompiledForward
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.kv_cache import BatchKVCache
+from lookahead_core.engine.request import EngineRequest
+from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.random_models import build_random_model
 
 CAP = 64
@@ -120,3 +126,81 @@ def test_warmup_compiles_without_touching_committed_keys(model):
     assert list(seconds) == [Bucket(2, 2, CAP)]
     for layer, keys in zip(cache.layers, before):
         assert torch.equal(layer.keys[:, :, : CAP - 1], keys)
+
+
+# ---- the engine on its compiled forward ------------------------------------------------------
+
+def _serve(engine: Engine, prompts, lookahead) -> dict:
+    """Run requests together to the end: {request id: tokens}."""
+    out = {}
+    for i, (prompt, mode) in enumerate(zip(prompts, lookahead)):
+        engine.add_request(EngineRequest(i, tuple(prompt), StopCondition(24), mode))
+        out[i] = []
+    while engine.has_work():
+        for o in engine.step():
+            out[o.seq_id] += o.tokens
+    return out
+
+
+PROMPTS = [[5, 9, 5, 9, 17, 3, 5, 9], [40, 41, 42, 7, 40, 41], [100, 3, 77, 100, 3]]
+ENGINE = dict(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16, shared_pool_cap=0)
+
+
+def test_engine_compile_on_gives_eager_tokens(model):
+    """Plain and lookahead rows, alone and batched, through buckets compiled before the first step:
+    the same tokens as the eager engine, and the steps did run compiled."""
+    modes = ["off", "auto", LookaheadParams(3, 2, 2, lookup=4)]
+    eager = _serve(Engine(model, EngineConfig(**ENGINE)), PROMPTS, modes)
+    engine = Engine(model, EngineConfig(**ENGINE, compile="on", compile_buckets=[(1, 1), (4, 16)], compile_kv=[64]))
+    assert all(b["ready"] for b in engine.compile_status())
+    assert _serve(engine, PROMPTS, modes) == eager
+    assert _serve(engine, PROMPTS[:1], ["off"]) == {0: eager[0]}  # one row, one token: the (1, 1) graph
+    calls = {(b["batch"], b["width"]): b["calls"] for b in engine.compile_status()}
+    assert calls[(4, 16)] > 1 and calls[(1, 1)] > 1, calls
+
+
+def test_engine_compile_auto_serves_while_compiling(model):
+    """"auto" returns at once: the first requests run eagerly while the bucket compiles on a
+    background thread, and run compiled once it is ready, with the same tokens throughout."""
+    eager = _serve(Engine(model, EngineConfig(**ENGINE)), PROMPTS[:1], ["off"])
+    engine = Engine(model, EngineConfig(**ENGINE, compile="auto", compile_buckets=[(1, 2)], compile_kv=[32]))
+    assert engine.compile_status()[0]["ready"] is False  # the compile has just started
+    assert _serve(engine, PROMPTS[:1], ["off"]) == eager
+    assert engine.compiled.eager_calls > 0
+    assert engine.compiled.wait(timeout=600)
+    (bucket,) = engine.compile_status()
+    assert bucket["ready"] and bucket["compile_s"] > 0 and "error" not in bucket
+    before = bucket["calls"]
+    assert _serve(engine, PROMPTS[:1], ["off"]) == eager
+    assert engine.compile_status()[0]["calls"] > before
+
+
+@pytest.mark.parametrize("buckets, error", [
+    ([(5, 1)], "batch 5 is outside"),
+    ([(1, 999)], "width 999 is outside"),
+    ([], "compile_buckets or compile_kv is empty"),
+])
+def test_compile_buckets_outside_the_engine_are_refused(buckets, error):
+    with pytest.raises(ValueError, match=error):
+        EngineConfig(**ENGINE, compile="auto", compile_buckets=buckets)
+
+
+def test_compile_bucket_beyond_the_kv_budget_is_refused_at_start(model):
+    config = EngineConfig(**ENGINE, kv_cache_memory="700KiB", compile="on", compile_buckets=[(4, 1)])
+    with pytest.raises(ValueError, match="compile bucket batch 4 exceeds the 1 KV slots"):
+        Engine(model, config)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph buckets need a CUDA GPU")
+def test_engine_cuda_graph_buckets_give_eager_tokens():
+    """On CUDA the buckets are CUDA graphs (reduce-overhead, static buffers): the same tokens as
+    the eager engine, replayed across requests."""
+    model = build_random_model("llama", vocab_size=256).cuda()
+    modes = ["off", "auto", LookaheadParams(3, 2, 2, lookup=4)]
+    eager = _serve(Engine(model, EngineConfig(**ENGINE)), PROMPTS, modes)
+    engine = Engine(model, EngineConfig(**ENGINE, compile="on", compile_buckets=[(1, 1), (4, 16)], compile_kv=[64]))
+    assert engine.compiled.cudagraphs and not engine.compiled.freezing
+    for _ in range(2):
+        assert _serve(engine, PROMPTS, modes) == eager
+    assert all(b["ready"] and b["calls"] > 1 for b in engine.compile_status())

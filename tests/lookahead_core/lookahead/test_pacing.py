@@ -33,7 +33,10 @@ def test_a_request_whose_text_starts_paying_widens_again():
 
 def test_copied_runs_are_judged_apart_from_pooled_ngrams():
     pacer = StepPacer()
-    ratio = lambda w: 1.6 if w > 1 else 1.0
+
+    def ratio(w):
+        return 1.6 if w > 1 else 1.0
+
     for step in range(300):
         copied = step % 2 == 0
         choice = pacer.choose(WIDE, copied, ratio)
@@ -51,8 +54,12 @@ def test_only_the_kinds_on_offer_are_chosen():
 
 
 def test_the_batch_width_pays_for_the_tokens_of_every_row():
-    flat = lambda w: 1.0 + 0.01 * (w - 1)  # memory-bound: width nearly free
-    steep = lambda w: 1.0 if w == 1 else 2.0  # every wide step costs two
+    def flat(w):  # memory-bound: width nearly free
+        return 1.0 + 0.01 * (w - 1)
+
+    def steep(w):  # every wide step costs two
+        return 1.0 if w == 1 else 2.0
+
     P, F, V = StepKind.PLAIN, StepKind.FULL, StepKind.VERIFY
     one_keen = [{P: (1, 1.0), F: (9, 3.0)}] + [{P: (1, 1.0), F: (9, 1.1)}] * 15
     # Alone, a request at 3 tokens for 2x pays; in a batch of 16 it would slow 15 others.
@@ -67,10 +74,16 @@ def test_the_batch_width_pays_for_the_tokens_of_every_row():
 def test_the_tpot_slo_caps_the_width():
     P, F = StepKind.PLAIN, StepKind.FULL
     menus = [{P: (1, 1.0), F: (9, 1.5)}] * 4
-    flat = lambda w: 1.0 + 0.01 * (w - 1)
+
+    def flat(w):
+        return 1.0 + 0.01 * (w - 1)
+
     assert batch_width(menus, flat) == 9
+
     # 10 ms per one-token step, 20 ms at width 9: 13.3 ms per token there; an SLO of 12 ms rules it out
-    ms = lambda w: 10.0 if w == 1 else 20.0
+    def ms(w):
+        return 10.0 if w == 1 else 20.0
+
     assert batch_width(menus, flat, fits_slo=lambda w, tokens: ms(w) / tokens <= 12.0) == 1
     assert batch_width(menus, flat, fits_slo=lambda w, tokens: ms(w) / tokens <= 14.0) == 9
 

@@ -265,7 +265,9 @@ def test_a_seed_fixes_the_tokens_whatever_the_lookahead_the_batch_or_the_candida
 def test_greedy_is_temperature_zero(model):
     prompt = torch.tensor([[5, 0, 1, 5]])
     greedy = generate(model, prompt, max_new_tokens=16, params=LookaheadParams(3, 2, 3), eos_token_id=[]).tokens
-    t0 = generate(model, prompt, max_new_tokens=16, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=SamplingParams(0.0, seed=1)).tokens
+    t0 = generate(
+        model, prompt, max_new_tokens=16, params=LookaheadParams(3, 2, 3), eos_token_id=[], sampling=SamplingParams(0.0, seed=1)
+    ).tokens
     assert greedy == t0
 
 

@@ -189,7 +189,8 @@ def test_overload_is_a_503_and_abort_stays_abort(proc, one_slot):
         await first.__anext__()
         second = proc.run(long_req(), one_slot)
         waiting = asyncio.ensure_future(second.__anext__())  # takes the one waiting place
-        await asyncio.sleep(0.05)
+        while one_slot.queue_depth() != (1, 1):  # until the engine thread has queued it
+            await asyncio.sleep(0)
         with pytest.raises(RequestError) as err:
             await collect(proc, long_req(), one_slot)
         one_slot.abort("first")

@@ -16,6 +16,7 @@ far bf16 itself moves the text).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import platform
@@ -31,6 +32,7 @@ from transformers import StaticCache
 
 from lookahead_core import LookaheadParams, ModelRunner, SamplingParams, generate
 from lookahead_core.cli.prompt_sets import read_prompt_set
+from lookahead_core.engine.compiled_forward import inductor_options
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.generation import GenerationStats
@@ -119,12 +121,13 @@ class CompiledGreedy:
     `transformers`' own `generate(cache_implementation="static")` compiles only on CUDA, and with
     freezing it folds the cache's static-address tensors into constants; hence this loop."""
 
-    def __init__(self, model, max_cache_len: int) -> None:
+    def __init__(self, model, max_cache_len: int, gemm_autotune: bool = True) -> None:
         self.model = model
         self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
         self.max_cache_len = max_cache_len
         cuda = model.device.type == "cuda"
         self.freezing = not cuda  # freezing is a CPU optimization; CUDA gets CUDA graphs
+        self.options = inductor_options(cuda, gemm_autotune)  # the engine's own settings: same compiler
         self.step = torch.compile(decode_one_token, fullgraph=True, dynamic=False,
                                   mode="reduce-overhead" if cuda else None)
         eos = getattr(model.generation_config, "eos_token_id", None)
@@ -146,7 +149,7 @@ class CompiledGreedy:
         token = logits[:, -1].argmax(dim=-1)
         out = [int(token)]
         position = torch.tensor([[len(prompt)]], device=device)
-        with inductor_config.patch(freezing=self.freezing):  # dynamo reads it when it traces
+        with inductor_config.patch(**self.options):  # inductor reads them when it compiles
             while len(out) < max_new and out[-1] not in self.eos:
                 token = self.step(self.model, token.view(1, 1), position, self.cache)
                 out.append(int(token))  # the step's one sync
@@ -174,19 +177,30 @@ class Bench:
     """Runs the configurations on one prompt and keeps their tallies."""
 
     def __init__(self, model, configs: list[Config], max_new: int, sampling: SamplingParams | None,
-                 max_prompt_len: int = 0, engine: EngineConfig | None = None) -> None:
+                 max_prompt_len: int = 0, engine: EngineConfig | None = None, gemm_autotune: bool = True) -> None:
         self.model, self.runner = model, ModelRunner(model)
         # with an engine config, our configurations share one long-lived engine (as a replica does)
         self.engine = Engine(self.runner, engine) if engine is not None else None
         self.configs, self.max_new, self.sampling = configs, max_new, sampling
         self.tallies = {c.name: Tally() for c in configs}
         self.runs = 0
+        self._history = None  # the engine's cross-request state (successor table, text) as the prompt found it
         # one static cache sized to the longest prompt plus max_new_tokens: one compiled graph for all
-        self.compiled = (CompiledGreedy(model, max_prompt_len + max_new)
+        self.compiled = (CompiledGreedy(model, max_prompt_len + max_new, gemm_autotune)
                          if any(c.kind == "hf-compiled" for c in configs) else None)
 
     def reset(self) -> None:
         self.tallies = {c.name: Tally() for c in self.configs}
+        if self.engine is not None:  # the warm-up prompt's text is no one's
+            for state in (self.engine.successors, self.engine.history):
+                if state is not None:
+                    state.clear()
+
+    def start_prompt(self) -> None:
+        """Every configuration meets the replica's history (successor table, finished text) as
+        earlier prompts left it, not holding this prompt's output from the configuration before it."""
+        if self.engine is not None:
+            self._history = copy.deepcopy((self.engine.successors, self.engine.history))
 
     def run(self, config: Config, prompt: list[int]) -> tuple[list[int], float]:
         if config.kind in ("hf", "hf-pld"):
@@ -199,6 +213,8 @@ class Bench:
             self.runs += 1  # a new seed per sampled run
             seeded = None if self.sampling is None else SamplingParams(
                 self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, seed=self.runs)
+            if self._history is not None:
+                self.engine.successors, self.engine.history = copy.deepcopy(self._history)
             t0 = time.perf_counter()
             if self.engine is not None:
                 tokens, stats = self.run_engine(config, prompt, seeded)
@@ -298,6 +314,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="run our configurations on one long-lived engine (a replica's) with its decode forward "
                          "compiled (on) or eager (off); default: a fresh one-request engine per prompt, eager")
     ap.add_argument("--compile-buckets", default="1x1,1x8,1x16", help="engine compile buckets, BATCHxWIDTH")
+    ap.add_argument("--compile-autotune", choices=["on", "off"], default="on",
+                    help="on CPU, both compiled peers (HF's and our engine's) time inductor's C++ GEMM template "
+                         "against MKL per layer (engine.compile_autotune)")
     ap.add_argument("--compile-kv", default="256", help="engine compile key lengths, comma-separated")
     ap.add_argument("--pool", choices=["on", "off", "both"], default="on", help="n-grams from prompt and output")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
@@ -331,11 +350,13 @@ def main(argv: list[str] | None = None) -> dict:
             max_batch=1, max_seq_len=max(len(p) for p in prompts) + args.max_new_tokens,
             max_new_tokens=args.max_new_tokens, prefill_chunk=max(len(p) for p in prompts), shared_pool_cap=0,
             max_n=max(p.n for p in la), max_w=max(p.w for p in la), max_g=max(p.g for p in la),
-            max_lookup=max(p.lookup for p in la), lookahead=la[0], compile=args.engine_compile,
+            max_lookup=max(p.lookup for p in la), max_successors=max(p.successors for p in la), lookahead=la[0],
+            compile=args.engine_compile,
             compile_buckets=[tuple(int(x) for x in b.split("x")) for b in args.compile_buckets.split(",")],
-            compile_kv=[int(k) for k in args.compile_kv.split(",")])
+            compile_kv=[int(k) for k in args.compile_kv.split(",")], compile_autotune=args.compile_autotune == "on")
     t_engine = time.perf_counter()
-    bench = Bench(model, configs, args.max_new_tokens, sampling, max(len(p) for p in prompts), engine_config)
+    bench = Bench(model, configs, args.max_new_tokens, sampling, max(len(p) for p in prompts), engine_config,
+                  args.compile_autotune == "on")
     engine_compile_s = time.perf_counter() - t_engine
     compile_s = bench.compiled.warm_up(prompts[0]) if bench.compiled is not None else None
     compiles = dict(torch._dynamo.utils.counters["frames"]).get("ok", 0)
@@ -345,6 +366,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     total, done, t_start = len(prompts) * len(configs), 0, time.perf_counter()
     for i, prompt in enumerate(prompts):
+        bench.start_prompt()
         reference, _ = bench.run(configs[0], prompt)
         fp32 = None
         if reference_model is not None:
@@ -373,7 +395,7 @@ def main(argv: list[str] | None = None) -> dict:
     if bench.compiled is not None:
         recompiles = dict(torch._dynamo.utils.counters["frames"]).get("ok", 0) - compiles
         compiled = {"compile_s": compile_s, "static_cache_len": bench.compiled.max_cache_len, "recompiles": recompiles,
-                    "freezing": bench.compiled.freezing}
+                    "freezing": bench.compiled.freezing, "inductor": bench.compiled.options}
         print(f"hf-compiled: decode step compiled once in {compile_s:.1f}s (not in the figures), static cache "
               f"{bench.compiled.max_cache_len} tokens, {recompiles} recompiles after warm-up")
     if bench.engine is not None and bench.engine.compiled is not None:

@@ -95,6 +95,9 @@ class LookaheadModel:
         self.m_waiting = metrics.Gauge("lookahead_waiting_requests", "sequences queued on this replica")
         self.m_steps = metrics.Counter("lookahead_steps", "decode steps of finished requests, by the kind each row ran",
                                        tag_keys=("kind",))
+        self.m_candidate_rows = metrics.Counter(
+            "lookahead_candidate_rows", "verification tree rows of finished requests, by candidate source and outcome "
+            "(proposed: run in a step; accepted)", tag_keys=("source", "outcome"))  # type: ignore[arg-type]
         self.m_width = metrics.Histogram("lookahead_step_width", "a request's mean step rows fed to the model",
                                          boundaries=[1, 2, 4, 8, 16, 32, 64], tag_keys=tags)
 
@@ -123,6 +126,7 @@ class LookaheadModel:
                         "engine_steps": engine.steps, "aborted_requests": engine.aborted},
             "kv_cache": {**engine.kv_plan.as_dict(), "max_seq_len": engine.max_seq_len},
             "auto_lookahead": engine.config.lookahead.label,
+            "history": engine.history_status(),
             "step_costs_ms": engine.runner.costs.table(),
             "compiled_decode": {"mode": engine.config.compile, "buckets": engine.compile_status(),
                                 "eager_forwards": engine.compiled.eager_calls if engine.compiled else None},
@@ -153,6 +157,10 @@ class LookaheadModel:
         self.m_waiting.set(waiting)
         for kind, steps in c.lookahead.steps_by_kind.items():
             self.m_steps.inc(steps, tags={"kind": kind})
+        for source, counts in c.lookahead.sources.items():
+            for outcome, rows in counts.items():
+                if rows:
+                    self.m_candidate_rows.inc(rows, tags={"source": source, "outcome": outcome})
         if c.lookahead.mean_width is not None:
             self.m_width.observe(c.lookahead.mean_width, tags={"lookahead": c.lookahead.mode})
 

@@ -48,6 +48,7 @@ class EngineConfig(BaseModel):
     max_w: int = Field(16, ge=1)
     max_g: int = Field(16, ge=0)
     max_lookup: int = Field(16, ge=0, description="longest prompt-lookup candidate a request may ask for")
+    max_successors: int = Field(32, ge=0, description="most successor-tree rows a request may ask for")
     lookahead: LookaheadParams = Field(LookaheadParams(), description="(N, W, G) of requests that ask for lookahead \"auto\"")
     slo_tpot_ms: float | None = Field(
         None, gt=0, description="time per output token a step may not exceed by widening: a cap on step width")
@@ -58,15 +59,27 @@ class EngineConfig(BaseModel):
     )
     shared_pool_keys: int = Field(16384, ge=1, description="first tokens kept per n-gram size in the shared pool")
     shared_pool_text: int = Field(
-        512, ge=2, description="tokens at the end of a finished request (prompt tail and output) added to the shared pool"
+        512, ge=2, description="tokens at the end of a finished request (prompt tail and output) added to the shared "
+                               "pool and the history"
     )
-    layout_cache: int = Field(32, ge=1, description="step layouts kept, one per (N, W, G, lookup) in use")
+    history_tokens: int = Field(
+        65536, ge=0, description="tokens of finished requests' text the replica keeps and searches for the longest "
+                                 "match of a request's suffix when its own text has none; 0 turns it off")
+    successor_topk: int = Field(
+        8, ge=0, le=64, description="successors kept per token in the replica's table of the model's top-k after each "
+                                    "token it computed (vocab x k int32); 0 turns the table and successor trees off")
+    successor_prefill: bool = Field(
+        True, description="also record the top-k after every prompt token (logits for every prefill row)")
+    layout_cache: int = Field(32, ge=1, description="step layouts kept, one per (N, W, G, lookup, successors) in use")
     compile: Literal["off", "on", "auto"] = Field(
         "off", description="decode forward compiled per bucket: \"on\" compiles every bucket before the engine "
                            "starts, \"auto\" serves at once (eager) and compiles them on a background thread")
     compile_buckets: tuple[tuple[int, int], ...] = Field(
         ((1, 1), (1, 8), (1, 17)), description="(batch, step width) shapes compiled; a step runs in the smallest "
                                                "that holds it, padded, or eagerly when none does")
+    compile_autotune: bool = Field(
+        True, description="on CPU, time each linear layer of a bucket between inductor's C++ GEMM template and MKL "
+                          "when compiling it (a longer compile; on AVX2, one-token steps ~1.6x and wide ones ~2x faster)")
     compile_kv: tuple[int, ...] = Field(
         (512,), description="key lengths the compiled buckets are padded to (each doubles the graphs; the KV "
                             "capacity at most); a step attending to more keys runs eagerly")
@@ -100,20 +113,21 @@ class EngineConfig(BaseModel):
                 raise ValueError(f"compile bucket batch {batch} is outside [1, max_batch={self.max_batch}]")
             if not 1 <= width <= self.max_step_tokens:
                 raise ValueError(f"compile bucket width {width} is outside [1, {self.max_step_tokens}], the widest "
-                                 f"step max_n/max_w/max_g/max_lookup allow")
+                                 f"step max_n/max_w/max_g/max_lookup/max_successors allow")
         if min(self.compile_kv) < 1:  # one beyond the KV capacity means the capacity
             raise ValueError(f"compile_kv {min(self.compile_kv)} must be >= 1")
         return self
 
     @property
     def max_step_tokens(self) -> int:
-        return LookaheadParams(self.max_n, self.max_w, self.max_g, lookup=self.max_lookup).max_step_tokens
+        return LookaheadParams(self.max_n, self.max_w, self.max_g, lookup=self.max_lookup,
+                               successors=self.max_successors).max_step_tokens
 
     def check_params(self, params: LookaheadParams | None) -> None:
         if params is None:
             return
         limits = (("n", params.n, self.max_n), ("w", params.w, self.max_w), ("g", params.g, self.max_g),
-                  ("lookup", params.lookup, self.max_lookup))
+                  ("lookup", params.lookup, self.max_lookup), ("successors", params.successors, self.max_successors))
         for name, value, limit in limits:
             if value > limit:
                 raise ValueError(f"lookahead {name}={value} exceeds this engine's limit of {limit}")

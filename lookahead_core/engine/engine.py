@@ -20,11 +20,13 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.scheduler import Scheduler, SlotMove
 from lookahead_core.engine.sequence import Row, Sequence, SequenceStats
 from lookahead_core.engine.step_buffers import BatchStepBuffers
+from lookahead_core.lookahead.history import SharedHistory
 from lookahead_core.lookahead.pacing import StepKind
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams, sample_rows
 from lookahead_core.lookahead.shared_pool import SharedNGramPool
 from lookahead_core.lookahead.stopping import FinishReason
+from lookahead_core.lookahead.successors import SuccessorTable
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ class StepOutput:
     stats: SequenceStats | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output; the first token has none
+    sources: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # tree rows by `Source`: (proposed, accepted)
 
 
 class Engine:
@@ -80,6 +83,9 @@ class Engine:
         self.planner = StepPlanner(r.costs, slots, cfg.slo_tpot_ms)
         self.shared_pool = (SharedNGramPool(cfg.shared_pool_cap, cfg.shared_pool_keys, cfg.shared_pool_text)
                             if cfg.shared_pool_cap else None)
+        self.history = SharedHistory(cfg.history_tokens) if cfg.history_tokens else None
+        self.successors = (SuccessorTable(r.vocab_size, cfg.successor_topk, max(cfg.max_successors, 1))
+                           if cfg.successor_topk else None)
         self._prefill_mask = torch.zeros((1, 1, cfg.prefill_chunk, capacity), dtype=r.dtype, device=r.device)
         self._causal = torch.full((cfg.prefill_chunk, cfg.prefill_chunk), torch.finfo(r.dtype).min, dtype=r.dtype,
                                   device=r.device).triu_(1)
@@ -103,7 +109,8 @@ class Engine:
         capacity = self.cache.capacity
         kvs = sorted({min(kv, capacity) for kv in cfg.compile_kv})
         cf = CompiledForward(self.runner.model, self.cache, batch_buckets={b for b, _ in cfg.compile_buckets},
-                             width_buckets={w for _, w in cfg.compile_buckets}, kv_buckets=kvs, lazy=False)
+                             width_buckets={w for _, w in cfg.compile_buckets}, kv_buckets=kvs, lazy=False,
+                             gemm_autotune=cfg.compile_autotune)
         buckets = [Bucket(b, w, kv) for b, w in cfg.compile_buckets for kv in kvs]
         if cfg.compile == "on":
             for bucket, seconds in cf.warmup(buckets).items():
@@ -111,6 +118,18 @@ class Engine:
         else:
             cf.compile_in_background(buckets)
         return cf
+
+    def history_status(self) -> dict:
+        """The replica's cross-request candidate tables: their sizes and memory (for /health)."""
+        pool, succ, hist = self.shared_pool, self.successors, self.history
+        return {
+            "shared_pool": None if pool is None else {"ngrams": len(pool), "max_keys": pool.max_keys, "cap": pool.cap},
+            "text": None if hist is None else {"tokens": min(hist.written, hist.capacity), "capacity": hist.capacity,
+                                               "index_entries": len(hist), "bytes": hist.nbytes},
+            "successors": None if succ is None else {
+                "k": succ.k, "tokens_known": succ.known, "bytes": succ.nbytes, "template_nodes": succ.max_nodes,
+                "node_acceptance": [round(float(r), 3) for r in succ.rates()[:8]]},
+        }
 
     def compile_status(self) -> list[dict]:
         """The compiled decode buckets: shape, ready or not, compile seconds, steps run (for /health)."""
@@ -145,7 +164,7 @@ class Engine:
         sched = self.scheduler
         if len(sched.waiting) >= self.config.max_waiting + max(sched.free_slots(), 0):
             raise EngineOverloaded(f"{len(sched.waiting)} requests are already waiting for a slot")
-        seq = Sequence(req, params, self.runner.layout, self.shared_pool)
+        seq = Sequence(req, params, self.runner.layout, self.shared_pool, self.successors, self.history)
         self._seqs[req.request_id] = seq
         sched.add(seq)
         if self.compiled is not None:
@@ -215,8 +234,11 @@ class Engine:
             m[:n, start : start + n].copy_(self._causal[:n, :n])
             self.cache.prepare_slot(slot, start, n)
             top = seq.prompt_logprobs
+            succ = self.successors if self.config.successor_prefill else None
             logits = self.runner.prefill(ids, start, self.cache, self._prefill_mask[:, :, :n, : start + n],
-                                         all_logits=top is not None)
+                                         all_logits=top is not None or succ is not None)
+            if succ is not None:  # the prompt's own tokens get the successors the model gives them here
+                succ.update(ids[0].numpy(), logits[0].topk(succ.k, dim=-1).indices.numpy())
             m[:n, start : start + n].zero_()
             if top is not None and seq.prompt_lp is not None:  # row i predicts prompt token start + i + 1
                 seq.prompt_lp += token_logprobs(logits[0], range(n), seq.tokens[start + 1 : start + n + 1], top)
@@ -230,7 +252,9 @@ class Engine:
         running = sched.running
         buf, cache, lengths = self.buffers, self.cache, self.cache.lengths
         batch = len(running)
-        choices = self.planner.plan([seq.offer() for seq in running], len(sched.waiting) + (sched.prefilling is not None))
+        waiting = len(sched.waiting) + (sched.prefilling is not None)
+        price = self.planner.row_price(batch + waiting)
+        choices = self.planner.plan([seq.offer(price) for seq in running], waiting)
         rows = [seq.plan(buf.ids[b], choice) for b, (seq, choice) in enumerate(zip(running, choices))]
         width = max(row.width for row in rows)
         for b, (seq, row) in enumerate(zip(running, rows)):
@@ -249,9 +273,15 @@ class Engine:
         kv_len = max(lengths[:batch]) + width
         cache.prepare_rows(batch, buf.dev[2, :batch, :width], kv_len)
         t1 = time.perf_counter()
-        pred, logits = self.runner.forward(buf.dev[0, :batch, :width], buf.dev[1, :batch, :width],
-                                           buf.mask[:batch, :, :width, :kv_len], cache, self.compiled)
+        succ = self.successors
+        tokens, logits = self.runner.forward(buf.dev[0, :batch, :width], buf.dev[1, :batch, :width],
+                                             buf.mask[:batch, :, :width, :kv_len], cache, self.compiled,
+                                             topk=succ.k if succ is not None else 0)
         self.forward_s += time.perf_counter() - t1
+        pred = (tokens[..., 0] if succ is not None else tokens).tolist()
+        if succ is not None:  # every real row's top-k become its input token's successors
+            for b, row in enumerate(rows):
+                succ.update(buf.ids[b, : row.width], tokens[b, : row.width, 1:])
 
         drawn = self._draw(running, rows, logits)
         outputs: list[StepOutput] = []
@@ -267,7 +297,7 @@ class Engine:
                 dst.extend(range(start + 1, start + 1 + len(accepted_rows)))
             lengths[b] = start + len(accepted)
             out = StepOutput(seq.seq_id, accepted, seq.finish_reason, row.choice.kind, row.width,
-                             seq.stats if seq.finished else None)
+                             seq.stats if seq.finished else None, sources=seq.step_sources)
             if seq.logprobs is not None:
                 out.logprobs = token_logprobs(logits[b], [0, *accepted_rows], accepted, seq.logprobs)
             if seq.prompt_lp is not None:
@@ -299,8 +329,11 @@ class Engine:
         done, moves = self.scheduler.retire()
         for seq in done:
             self._seqs.pop(seq.seq_id, None)
-            if self.shared_pool is not None and seq.finish_reason is not FinishReason.ABORT:
-                self.shared_pool.add_text(seq.tokens)
+            if seq.finish_reason is not FinishReason.ABORT:
+                if self.shared_pool is not None:
+                    self.shared_pool.add_text(seq.tokens)
+                if self.history is not None:
+                    self.history.add_text(seq.tokens[-self.config.shared_pool_text :])
         self._apply(moves)
 
     def _apply(self, moves: list[SlotMove]) -> None:

@@ -7,6 +7,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from lookahead_core.engine.compiled_forward import CompiledForward
@@ -42,9 +43,10 @@ class ModelRunner:
         self.max_layouts = max_layouts
 
     def layout(self, params: LookaheadParams | None) -> StepLayout:
-        """The step layout for `params`, built once per (N, W, G, lookup) on this model's dtype and
+        """The step layout for `params`, built once per (N, W, G, tree rows) on this model's dtype and
         device while in use; a sequence keeps its own reference."""
-        key = None if params is None else LookaheadParams(params.n, params.w, params.g, lookup=params.lookup)
+        key = None if params is None else LookaheadParams(params.n, params.w, params.g, lookup=params.lookup,
+                                                          successors=params.successors)
         lay = self._layouts.get(key)
         if lay is None:
             lay = self._layouts[key] = StepLayout(key, self.dtype, self.device)
@@ -82,16 +84,20 @@ class ModelRunner:
         return out.logits
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache,
-                compiled: CompiledForward | None = None) -> tuple[list, torch.Tensor]:
-        """Logits [B, T, V] and the greedy next token after every input position, as host lists
-        (the step's one host-device sync; sampling reads the logits rows it needs); through
-        `compiled` where one of its buckets holds the step."""
+                compiled: CompiledForward | None = None, topk: int = 0) -> tuple[np.ndarray, torch.Tensor]:
+        """(greedy next token after every input position [B, T], then with `topk` its k likeliest
+        [B, T, 1 + k]; logits [B, T, V]). The tokens reach the host in one transfer, the step's one
+        sync; sampling reads the logits rows it needs. Through `compiled` where one of its buckets
+        holds the step."""
         t0 = time.perf_counter()
         if compiled is not None:
             pred, logits = compiled.forward(input_ids, position_ids, mask, cache)
         else:
             logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                                 past_key_values=cache, use_cache=True).logits
-            pred = logits.argmax(dim=-1).tolist()
+            pred = logits.argmax(dim=-1)
+        if topk:  # argmax stays the greedy token: topk's order among equal logits is not argmax's
+            pred = torch.cat([pred.unsqueeze(-1), logits.topk(topk, dim=-1, sorted=True).indices], dim=-1)
+        tokens = pred.cpu().numpy()
         self.costs.observe(input_ids.shape[0], input_ids.shape[1], (time.perf_counter() - t0) * 1000.0)
-        return pred, logits
+        return tokens, logits

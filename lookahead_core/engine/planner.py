@@ -23,6 +23,11 @@ class StepPlanner:
         self.max_batch = max_batch
         self.slo_tpot_ms = slo_tpot_ms
 
+    def row_price(self, requests: int) -> float:
+        """The measured price of one more row per request, in one-token steps, at the batch the
+        queue would fill: candidates accepted less often than this do not earn their row."""
+        return self.costs.row_price(min(self.max_batch, requests))
+
     def plan(self, offers: Sequence[Offer], waiting: int = 0) -> list[StepChoice]:
         costs = self.costs
         batch = min(self.max_batch, len(offers) + waiting)

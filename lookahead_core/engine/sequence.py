@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from lookahead_core.engine.request import EngineRequest
+from lookahead_core.lookahead.history import SharedHistory
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.ngram_pool import NGramPool
 from lookahead_core.lookahead.pacing import Menu, StepChoice, StepKind, StepPacer
@@ -16,8 +17,9 @@ from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import new_seed, position_uniform
 from lookahead_core.lookahead.shared_pool import SharedNGramPool
 from lookahead_core.lookahead.stopping import FinishReason
+from lookahead_core.lookahead.successors import SuccessorTable
 from lookahead_core.lookahead.suffix_index import SuffixIndex
-from lookahead_core.lookahead.tree import CandidateTree
+from lookahead_core.lookahead.tree import SOURCE_NAMES, CandidateTree, Source
 from lookahead_core.lookahead.window import LookaheadWindow
 
 
@@ -31,6 +33,8 @@ class SequenceStats:
     rows: int = 0  # step rows fed to the model (its own row width, summed over steps)
     steps_by_kind: dict[str, int] = field(default_factory=dict)
     accepted_histogram: dict[int, int] = field(default_factory=dict)
+    proposed: dict[str, int] = field(default_factory=dict)  # tree rows each source put in the steps that ran
+    accepted_from: dict[str, int] = field(default_factory=dict)  # accepted tree rows, by source
 
     @property
     def compression(self) -> float:
@@ -48,6 +52,13 @@ class SequenceStats:
         name = kind.name.lower()
         self.steps_by_kind[name] = self.steps_by_kind.get(name, 0) + 1
         self.accepted_histogram[accepted] = self.accepted_histogram.get(accepted, 0) + 1
+
+    def record_sources(self, proposed: Seq[int], accepted: Seq[int]) -> None:
+        """Tree rows each source (by `Source` value) put in a step that ran, and how many were accepted."""
+        for counts, by_source in ((self.proposed, proposed), (self.accepted_from, accepted)):
+            for src, count in enumerate(by_source):
+                if count:
+                    counts[SOURCE_NAMES[src]] = counts.get(SOURCE_NAMES[src], 0) + count
 
 
 @dataclass(frozen=True)
@@ -75,9 +86,11 @@ class Sequence:
     """Plans the step rows of one request and takes the model's outputs for them.
 
     The last accepted token is never in the KV cache: each step feeds it first. Verification
-    candidates come, in order of priority, from prompt lookup over the request's own text, its
-    n-gram pool (Jacobi window and text) and the replica's `shared` pool for the slots left,
-    merged into one prefix tree. Sampled requests draw output position p with the uniform
+    candidates come, in order of priority, from prompt lookup over the request's own text (or, if
+    it has no match, over the replica's `history` of finished requests), its n-gram pool (Jacobi
+    window and text), the replica's `shared` pool for the slots left and a
+    tree expanded from the last token through the replica's `successors` table, merged into one
+    prefix tree. Sampled requests draw output position p with the uniform
     u(seed, p), so their text depends on the seed alone (lookahead/sampling.py).
     """
 
@@ -87,6 +100,8 @@ class Sequence:
         params: LookaheadParams | None,
         layout_for: Callable[[LookaheadParams | None], StepLayout],
         shared: SharedNGramPool | None = None,
+        successors: SuccessorTable | None = None,
+        history: SharedHistory | None = None,
     ) -> None:
         self.seq_id = req.request_id
         self.tokens: list[int] = list(req.prompt)
@@ -109,6 +124,13 @@ class Sequence:
         self.tree = CandidateTree(lay.max_tree_rows)
         self.pacer = StepPacer() if params is not None and params.adapt else None
         self.shared = shared
+        self.history = history if params is not None and params.lookup else None
+        self.successors = successors if params is not None and params.successors else None
+        # the last step's tree rows by source: (proposed, accepted), None for a plain step
+        self.step_sources: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+        if self.successors is not None:  # this request's own acceptance of each successor template node
+            self._node_proposed = np.zeros(self.successors.max_nodes)
+            self._node_accepted = np.zeros(self.successors.max_nodes)
         if params is not None:
             self.window = LookaheadWindow(params.n, params.w, self.tokens)
             self.pool = NGramPool(params.n, params.g)
@@ -128,20 +150,43 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def offer(self) -> Offer:
-        """Gather this step's candidates into the tree and say which widths this request can run."""
+    OWN_WEIGHT = 16.0  # proposals of a node after which the request's own rate counts as much as the replica's
+
+    def node_rates(self) -> np.ndarray:
+        """Each successor template node's acceptance: the request's own, pulled toward the replica's."""
+        assert self.successors is not None
+        k = self.OWN_WEIGHT
+        return (self._node_accepted + k * self.successors.rates()) / (self._node_proposed + k)
+
+    def offer(self, row_price: float = 0.0) -> Offer:
+        """Gather this step's candidates into the tree and say which widths this request can run.
+        Successor-tree nodes accepted less often than `row_price` (what one more row of the step
+        costs, in one-token steps) are left out."""
         if self.params is None:
             return Offer(1)
         lay, last = self.layout, self.tokens[-1]
-        cands = []
-        if self.suffix is not None and (copied := self.suffix.propose(self.tokens, self.params.lookup)):
-            cands.append(copied)
+        cands: list[tuple[int, ...]] = []
+        sources: list[Source] = []
+        for src, index in ((Source.LOOKUP, self.suffix), (Source.HISTORY, self.history)):
+            if index is not None and (copied := index.propose(self.tokens, self.params.lookup)):
+                cands.append(copied)  # one copied run: the request's own text first, else the replica's
+                sources.append(src)
+                break
         g = len(cands) + lay.g
         copied_run = bool(cands)
         cands.extend(self.pool.lookup(last)[: lay.g])
+        sources += [Source.POOL] * (len(cands) - len(sources))
         if self.shared is not None and len(cands) < g:
             self.shared.fill(lay.n, last, cands, g)
-        rows = self.tree.build(cands)
+            sources += [Source.SHARED] * (len(cands) - len(sources))
+        tags = [-1] * len(cands)
+        if self.successors is not None:
+            keep = self.node_rates() >= row_price if row_price > 0 else None
+            succ, nodes = self.successors.propose(last, self.params.successors, keep)
+            cands += succ
+            sources += [Source.SUCCESSORS] * len(succ)
+            tags += nodes
+        rows = self.tree.build(cands, sources=sources, tags=tags)
         widths = {StepKind.FULL: lay.cand_start + rows}
         if self.pacer is None:
             return Offer(widths[StepKind.FULL])
@@ -167,6 +212,15 @@ class Sequence:
         offsets[start:end] = tree.depth[: tree.size]
         return Row(choice, end, start, offsets, template)
 
+    def _observe_nodes(self, tree: CandidateTree, accepted_rows: Seq[int]) -> None:
+        assert self.successors is not None
+        ran = tree.source[: tree.size] == Source.SUCCESSORS
+        proposed = tree.tag[: tree.size][ran]
+        accepted = [int(tree.tag[r]) for r in accepted_rows if tree.source[r] == Source.SUCCESSORS]
+        self.successors.observe(proposed, accepted)
+        np.add.at(self._node_proposed, proposed, 1.0)
+        np.add.at(self._node_accepted, np.asarray(accepted, dtype=np.int64), 1.0)
+
     def draws(self, row: Row) -> tuple[list[int], list[float]]:
         """The step rows a sampled request draws a token from (row 0 and the tree rows; the window
         keeps its argmax, it only seeds the window) and each one's uniform, from its output position."""
@@ -190,6 +244,14 @@ class Sequence:
         tree_rows, accepted = tree.walk_greedy(pred_for_walk, start)
         rows = [start + r for r in tree_rows]
         accepted, self.finish_reason = self.stop.clip(accepted, len(self.tokens) - self.prompt_len)
+        self.step_sources = None
+        if choice.kind is not StepKind.PLAIN:
+            kept = tree_rows[: len(accepted) - 1]
+            self.step_sources = (tuple(np.bincount(tree.source[: tree.size], minlength=len(Source)).tolist()),
+                                 tuple(np.bincount(tree.source[kept], minlength=len(Source)).tolist()))
+            self.stats.record_sources(*self.step_sources)
+            if self.successors is not None:
+                self._observe_nodes(tree, kept)
         before = len(self.tokens)
         self.tokens.extend(accepted)
         if self.params is not None:

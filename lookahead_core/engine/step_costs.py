@@ -25,6 +25,7 @@ class StepCosts:
         self.prior_slope = prior_slope
         self._ms: dict[tuple[int, int], float] = {}
         self._narrowest: dict[int, int] = {}  # per batch bucket, the narrowest measured width
+        self._widest: dict[int, int] = {}
         self.observed = 0
         self.last: tuple[int, int, float] | None = None  # (batch, width, ms) of the latest forward
 
@@ -32,6 +33,8 @@ class StepCosts:
         key = (batch_bucket(batch), width)
         if width < self._narrowest.get(key[0], width + 1):
             self._narrowest[key[0]] = width
+        if width > self._widest.get(key[0], 0):
+            self._widest[key[0]] = width
         old = self._ms.get(key)
         self._ms[key] = ms if old is None else old + self.alpha * (ms - old)
         self.observed += 1
@@ -71,6 +74,12 @@ class StepCosts:
         if one is None or wide is None:
             return self.prior_ratio(width)
         return max(wide / one, 1.0)
+
+    def row_price(self, batch: int) -> float:
+        """What one more token per row costs, in one-token steps: the mean slope from one token
+        to the widest step measured at this batch size (0 before a wide step has run)."""
+        widest = self._widest.get(batch_bucket(batch), 1)
+        return 0.0 if widest <= 1 else (self.ratio(batch, widest) - 1.0) / (widest - 1)
 
     def estimate_ms(self, batch: int, width: int) -> float | None:
         """What a step of this batch and width is expected to take; None before anything ran at this batch size."""

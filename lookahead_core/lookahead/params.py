@@ -22,6 +22,8 @@ class LookaheadParams:
     pool_from_prompt: also harvest n-grams from the prompt and the accepted output.
     lookup: longest candidate copied from the request's own text after an earlier occurrence of
         its last `lookup_match` tokens (prompt lookup); 0 turns it off.
+    successors: candidate tree rows expanded from the last token through the replica's table of
+        the model's top-k successors of each token (`SuccessorTable`); 0 turns it off.
     adapt: let the request narrow a step (no window, or plain) while the wider step's measured
         cost exceeds the tokens it has been yielding (`StepPacer`); False runs every step whole.
     """
@@ -34,9 +36,10 @@ class LookaheadParams:
     pool_from_prompt: bool = True
     lookup: int = 8
     lookup_match: int = 2
+    successors: int = 8
     adapt: bool = True
 
-    MINIMUM: ClassVar[dict[str, int]] = {"n": 2, "w": 1, "g": 0, "lookup": 0, "lookup_match": 1}
+    MINIMUM: ClassVar[dict[str, int]] = {"n": 2, "w": 1, "g": 0, "lookup": 0, "lookup_match": 1, "successors": 0}
 
     def __post_init__(self) -> None:
         for name, low in self.MINIMUM.items():
@@ -47,8 +50,8 @@ class LookaheadParams:
 
     @classmethod
     def parse(cls, text: str) -> LookaheadParams:
-        """ "4,3,3" -> LookaheadParams(4, 3, 3); "4,3,3,0" also sets `lookup`; a trailing
-        "fixed" ("4,3,3 fixed") turns `adapt` off."""
+        """ "4,3,3" -> LookaheadParams(4, 3, 3); "4,3,3,0" also sets `lookup` and "4,3,3,8,16"
+        `successors`; a trailing "fixed" ("4,3,3 fixed") turns `adapt` off."""
         body = text.strip()
         adapt = not body.endswith("fixed")
         body = body.removesuffix("fixed").strip()
@@ -57,16 +60,22 @@ class LookaheadParams:
             values = [int(x) for x in parts]
         except ValueError:
             values = []
-        if len(values) not in (3, 4):
-            raise ValueError(f"lookahead setting must be three integers N,W,G (and optionally LOOKUP), got {text!r}")
+        if not 3 <= len(values) <= 5:
+            raise ValueError(f"lookahead setting must be three integers N,W,G (and optionally LOOKUP and SUCCESSORS), "
+                             f"got {text!r}")
         n, w, g = values[:3]
-        if len(values) == 4:
-            return cls(n, w, g, lookup=values[3], adapt=adapt)
-        return cls(n, w, g, adapt=adapt)
+        lookup = values[3] if len(values) > 3 else cls.lookup
+        successors = values[4] if len(values) > 4 else cls.successors
+        return cls(n, w, g, lookup=lookup, successors=successors, adapt=adapt)
 
     @property
     def label(self) -> str:
-        base = f"{self.n},{self.w},{self.g}" if self.lookup == LookaheadParams.lookup else f"{self.n},{self.w},{self.g},{self.lookup}"
+        values = [self.n, self.w, self.g]
+        if (self.lookup, self.successors) != (LookaheadParams.lookup, LookaheadParams.successors):
+            values.append(self.lookup)
+        if self.successors != LookaheadParams.successors:
+            values.append(self.successors)
+        base = ",".join(map(str, values))
         return f"({base})" if self.adapt else f"({base}) fixed"
 
     @property
@@ -75,8 +84,9 @@ class LookaheadParams:
 
     @property
     def max_candidate_tokens(self) -> int:
-        """Verification rows: g pooled candidates of n - 1 tokens and one prompt-lookup candidate."""
-        return self.g * (self.n - 1) + self.lookup
+        """Verification rows: g pooled candidates of n - 1 tokens, one prompt-lookup candidate and
+        the successor tree."""
+        return self.g * (self.n - 1) + self.lookup + self.successors
 
     @property
     def max_step_tokens(self) -> int:

@@ -1,9 +1,23 @@
 """Verification candidates merged into a prefix tree: one step row per distinct prefix."""
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
 import numpy as np
+
+
+class Source(enum.IntEnum):
+    """Where a candidate came from; a tree row belongs to the first candidate that needed it."""
+
+    LOOKUP = 0  # the request's own text after an earlier occurrence of its suffix (prompt lookup)
+    POOL = 1  # the request's n-gram pool: Jacobi window trajectories and its own text
+    SHARED = 2  # the replica's n-grams of finished requests
+    SUCCESSORS = 3  # the replica's table of the model's top-k after each token
+    HISTORY = 4  # finished requests' text after the longest match of the request's suffix
+
+
+SOURCE_NAMES = tuple(s.name.lower() for s in Source)  # as reported, in `Source` order
 
 
 class CandidateTree:
@@ -18,21 +32,27 @@ class CandidateTree:
         self.max_rows = max_rows
         self.tokens = np.zeros(max_rows, dtype=np.int64)
         self.depth = np.zeros(max_rows, dtype=np.int64)
+        self.source = np.zeros(max_rows, dtype=np.int64)
+        self.tag = np.zeros(max_rows, dtype=np.int64)  # the source's own label of the row (a template node)
         self.visible = np.zeros((max_rows, max_rows), dtype=bool)
         self.size = 0
         self.candidates: list[tuple[int, ...]] = []  # as kept: deduplicated, cut to the budget
         self.paths: list[list[int]] = []  # the rows of each kept candidate
         self._children: list[dict[int, int]] = [{}]  # node 0 is the root (the last token); row = node - 1
 
-    def build(self, candidates: Sequence[Sequence[int]], budget: int | None = None) -> int:
-        """Insert candidates in order of priority until `budget` rows are used; return the rows."""
+    def build(self, candidates: Sequence[Sequence[int]], budget: int | None = None,
+              sources: Sequence[Source] | None = None, tags: Sequence[int] | None = None) -> int:
+        """Insert candidates in order of priority until `budget` rows are used; return the rows.
+        `sources[i]` is where candidate i came from and `tags[i]` the source's label for its last
+        token, recorded per row it adds."""
         budget = self.max_rows if budget is None else min(budget, self.max_rows)
         self.visible[: self.size, : self.size] = False
         self.size = 0
         self.candidates, self.paths = [], []
         children = self._children = [{}]
         seen: set[tuple[int, ...]] = set()
-        for cand in candidates:
+        for i, cand in enumerate(candidates):
+            src = Source.POOL if sources is None else sources[i]
             node = 0
             path: list[int] = []
             for tok in cand:
@@ -47,6 +67,8 @@ class CandidateTree:
                     children.append({})
                     self.tokens[row] = tok
                     self.depth[row] = len(path) + 1
+                    self.source[row] = src
+                    self.tag[row] = -1 if tags is None else tags[i]
                     if node:
                         self.visible[row, : row] = self.visible[node - 1, : row]
                     self.visible[row, row] = True

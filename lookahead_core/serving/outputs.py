@@ -1,11 +1,13 @@
 """What one served request produces: a text delta per engine step, then a completion, or an error."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import FinishReason
+from lookahead_core.lookahead.tree import SOURCE_NAMES
 
 LookaheadMode = Literal["auto", "off", "fixed"]
 
@@ -54,7 +56,8 @@ class Delta:
 @dataclass(frozen=True)
 class LookaheadSummary:
     """What a request ran: its (N, W, G) (for "auto": the engine's setting), its steps of each kind
-    (plain, verify, full), their mean width in rows and the tokens each step bought."""
+    (plain, verify, full), their mean width in rows, the tokens each step bought, and per
+    candidate source the tree rows it put in those steps and how many were accepted."""
 
     mode: LookaheadMode
     n: int | None
@@ -64,14 +67,19 @@ class LookaheadSummary:
     compression: float | None  # tokens per decode step
     steps_by_kind: dict[str, int]
     mean_width: float | None  # step rows fed to the model per step
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)  # {source: {"proposed": rows, "accepted": rows}}
 
     @classmethod
     def of(cls, mode: LookaheadMode, params: LookaheadParams | None, steps_by_kind: dict[str, int], rows: int,
-           tokens: int) -> LookaheadSummary:
+           tokens: int, proposed: Sequence[int] = (), accepted: Sequence[int] = ()) -> LookaheadSummary:
+        """`proposed` / `accepted`: tree rows per `Source` value, summed over the request's steps."""
         n, w, g = (params.n, params.w, params.g) if params is not None else (None, None, None)
         steps = sum(steps_by_kind.values())
+        sources = {name: {"proposed": p, "accepted": a}
+                   for name, p, a in zip(SOURCE_NAMES, proposed or [0] * len(SOURCE_NAMES),
+                                         accepted or [0] * len(SOURCE_NAMES), strict=True) if p}
         return cls(mode, n, w, g, steps, round(tokens / steps, 3) if steps else None, dict(steps_by_kind),
-                   round(rows / steps, 2) if steps else None)
+                   round(rows / steps, 2) if steps else None, sources)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from lookahead_core.engine.engine import EngineOverloaded
 from lookahead_core.engine.logprobs import TokenLogprob
 from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.stopping import FinishReason, StopCondition
+from lookahead_core.lookahead.tree import Source
 from lookahead_core.serving.outputs import (
     Completion,
     Delta,
@@ -169,6 +170,7 @@ class RequestProcessor:
         logprobs: list[Logprob] | None = None if req.logprobs is None else []
         echoed = ""
         kinds: Counter[str] = Counter()
+        tree_rows = ([0] * len(Source), [0] * len(Source))  # proposed, accepted, per candidate source
         rows, ttft, reason, first = 0, None, None, True
         try:
             async for out in stream:
@@ -182,6 +184,11 @@ class RequestProcessor:
                     assert out.kind is not None, "a step that accepted tokens has a kind"
                     kinds[out.kind.name.lower()] += 1
                     rows += out.width
+                    if out.sources is not None:
+                        proposed, accepted = out.sources
+                        for src, (p, a) in enumerate(zip(proposed, accepted, strict=True)):
+                            tree_rows[0][src] += p
+                            tree_rows[1][src] += a
                     ttft = ttft if ttft is not None else time.perf_counter() - t0
                     delta, hit = text.push(out.tokens)
                     # A step may accept tokens past a stop string: they are cut, from the text and
@@ -225,7 +232,7 @@ class RequestProcessor:
             token_ids=tuple(tokens),
             finish_reason=reason if reason is not None else FinishReason.ABORT,
             usage=Usage(len(prompt), len(tokens)),
-            lookahead=LookaheadSummary.of(req.mode, params, kinds, rows, len(tokens)),
+            lookahead=LookaheadSummary.of(req.mode, params, kinds, rows, len(tokens), *tree_rows),
             timings=Timings(round(1000 * (ttft if ttft is not None else total), 2), round(1000 * total, 2)),
             index=index,
             logprobs=None if logprobs is None else tuple(logprobs),

@@ -32,6 +32,9 @@ def test_health_and_models(server):
     assert h["status"] == "ok" and h["model"] == "tiny"
     assert h["dtype"] == "float32" and h["device"] == "cpu" and h["torch_threads"] >= 1
     assert h["step_costs_ms"]["b1t1"] > 0  # the warm-up's forwards, measured
+    history = h["history"]  # the replica's cross-request tables, bounded and sized
+    assert history["successors"]["bytes"] >= 128 * history["successors"]["k"] * 4  # vocab x k int32
+    assert history["text"]["capacity"] >= history["text"]["tokens"] and history["text"]["bytes"] > 0
     m = requests.get(server + "/v1/models", timeout=10).json()
     assert m["data"][0]["id"] == "tiny"
     # the schema names the one model id the OpenAI routes accept
@@ -68,6 +71,8 @@ def test_generate_matches_the_library(server, local, lookahead):
     assert body["finish_reason"] in ("length", "eos")
     assert body["usage"] == {"prompt_tokens": len("def add(a, b):"), "completion_tokens": len(body["token_ids"])}
     assert body["lookahead"]["n"] == 4 and body["lookahead"]["steps"] >= 1
+    for counts in body["lookahead"]["sources"].values():  # tree rows by source: what earns its rows
+        assert 0 <= counts["accepted"] <= counts["proposed"]
     assert body["timings"]["total_ms"] >= body["timings"]["ttft_ms"] > 0
     assert body["text"] == local[1].decode(body["token_ids"], skip_special_tokens=True)
 

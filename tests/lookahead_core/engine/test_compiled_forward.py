@@ -56,7 +56,7 @@ def _run(forward, cache, rows, width, seed):
     cache.prepare_rows(rows, widx, kv_len)
     with torch.inference_mode():
         pred, logits = forward(ids, pos, mask, cache)
-    return pred, logits.clone()
+    return pred.tolist(), logits.clone()
 
 
 def _same_writes(eager: BatchKVCache, compiled: BatchKVCache, rows: int, width: int) -> None:

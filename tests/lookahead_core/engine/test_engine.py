@@ -182,27 +182,89 @@ def test_abort_waiting_and_prefilling(setup):
     assert toks == cases[0][1]
 
 
+def _run_alone(engine, rid, prompt, params):
+    """One request through `engine` on its own: its tokens and final stats."""
+    engine.add_request(req(rid, prompt, MAX_NEW, params))
+    tokens, stats = [], None
+    while engine.has_work():
+        for out in engine.step():
+            tokens += out.tokens
+            stats = out.stats if out.finish_reason else stats
+    return tokens, stats
+
+
 @pytest.mark.parametrize("cap", [8, 0])
 def test_shared_pool_speeds_up_a_repeat_and_keeps_it_exact(setup, cap):
     """A finished request's text becomes candidates for the next; a repeat of it is then decoded
     in long accepted blocks, and stays token-identical. cap 0 turns the shared pool off."""
     model, cases = setup
-    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=cap))
+    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=cap, history_tokens=0))
     prompt, ref, _ = cases[0]
-    steps = []
-    for i in range(2):
-        engine.add_request(req(i, prompt, MAX_NEW, LookaheadParams(4, 2, 3, pool_from_prompt=False, adapt=False)))
-        tokens = []
-        while engine.has_work():
-            for out in engine.step():
-                tokens += out.tokens
-                if out.finish_reason:
-                    steps.append(out.stats.steps)
-        assert tokens == ref
+    params = LookaheadParams(4, 2, 3, pool_from_prompt=False, successors=0, adapt=False)
+    runs = [_run_alone(engine, i, prompt, params) for i in range(2)]
+    assert [tokens for tokens, _ in runs] == [ref, ref]
+    steps = [stats.steps for _, stats in runs]
     if cap:
         assert steps[1] <= steps[0] / 2 and len(engine.shared_pool) > 0
     else:
         assert steps[1] == steps[0] and engine.shared_pool is None
+
+
+@pytest.mark.parametrize("topk", [8, 0])
+def test_successor_table_speeds_up_a_repeat_and_keeps_it_exact(setup, topk):
+    """The top-k the model gave after each token in one request's steps become the next request's
+    candidate tree; a repeat then accepts more per step and stays token-identical. topk 0 turns
+    the table off."""
+    model, cases = setup
+    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=0, successor_topk=topk,
+                                        history_tokens=0))
+    prompt, ref, _ = cases[0]
+    runs = [_run_alone(engine, i, prompt, LookaheadParams(2, 1, 0, lookup=0, successors=16, adapt=False))
+            for i in range(2)]
+    assert [tokens for tokens, _ in runs] == [ref, ref]
+    first, second = (stats for _, stats in runs)
+    if topk:
+        assert second.steps < first.steps and second.accepted_from["successors"] > 0
+        assert engine.successors is not None and engine.successors.known > len(set(prompt))
+    else:
+        assert second.steps == first.steps == len(ref) and engine.successors is None
+        assert second.proposed == {}
+
+
+@pytest.mark.parametrize("history", [4096, 0])
+def test_history_of_finished_text_speeds_up_a_repeat_and_keeps_it_exact(setup, history):
+    """A request whose own text has no prompt-lookup match copies from the replica's history of
+    finished requests instead; history_tokens 0 turns it off."""
+    model, cases = setup
+    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=0, successor_topk=0,
+                                        history_tokens=history))
+    prompt, ref, _ = cases[0]
+    runs = [_run_alone(engine, i, prompt, LookaheadParams(2, 1, 0, successors=0, adapt=False)) for i in range(2)]
+    assert [tokens for tokens, _ in runs] == [ref, ref]
+    first, second = (stats for _, stats in runs)
+    assert "history" not in first.accepted_from
+    if history:
+        assert second.steps <= first.steps / 2 and second.accepted_from["history"] > 0
+        assert engine.history_status()["text"]["tokens"] == 2 * (len(prompt) + len(ref)) + 2
+    else:
+        assert second.steps == first.steps and engine.history is None
+
+
+def test_successor_nodes_that_do_not_earn_their_row_are_left_out(setup):
+    """The planner prices one more row from measured step costs; template nodes accepted less
+    often than that price leave the tree, and the output stays exact."""
+    model, cases = setup
+    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=0))
+    prompt, ref, _ = cases[0]
+    params = LookaheadParams(2, 1, 0, lookup=0, successors=16, adapt=False)
+    proposed = []
+    for i, price in enumerate([0.0, 0.0, 0.05]):  # the first run fills the table
+        engine.planner.row_price = lambda requests, price=price: price  # type: ignore[method-assign]
+        tokens, stats = _run_alone(engine, i, prompt, params)
+        assert tokens == ref
+        proposed.append(stats.proposed.get("successors", 0) / stats.steps)
+    rates = engine.successors.rates()[:16]
+    assert (rates < 0.05).any() and 0 < proposed[2] < proposed[1]
 
 
 def test_only_the_tail_of_a_finished_request_joins_the_shared_pool(setup):

@@ -8,6 +8,7 @@ import pytest
 from lookahead_core import LookaheadParams
 from lookahead_core.engine.generation import single_request_engine
 from lookahead_core.engine.planner import StepPlanner
+from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.pacing import StepChoice, StepKind
 from lookahead_core.models.random_models import build_random_model
 from tests.lookahead_core.helpers import hf_greedy, req, well_conditioned_cases
@@ -52,7 +53,7 @@ def model_and_cases(request):
 def test_oracle_pool_accepts_long_blocks_and_stays_exact(model_and_cases, n, w, g):
     model, cases = model_and_cases
     for prompt, ref, oracle in cases:
-        dec, blocks = _decode(model, prompt, LookaheadParams(n, w, g), MAX_NEW, oracle=oracle)
+        dec, blocks = _decode(model, prompt, LookaheadParams(n, w, g, successors=0), MAX_NEW, oracle=oracle)
         assert dec.new_tokens == ref
         assert max(len(b) for b in blocks) == n
         # Nearly every step takes a full block; the pool's own harvests may evict a few.
@@ -73,7 +74,7 @@ def test_every_step_kind_stays_exact(model_and_cases):
     for n, w, g in [(3, 2, 2), (5, 3, 6)]:
         for prompt, ref, oracle in cases:
             dec, blocks = _decode(model, prompt, LookaheadParams(n, w, g), MAX_NEW, oracle=oracle,
-                                  planner=Cycling(None, 1))
+                                  planner=Cycling(StepCosts(), 1))
             assert dec.new_tokens == ref
             assert any(k is StepKind.VERIFY and len(b) > 1 for k, b in zip(dec.kinds, blocks)), "steps without the window accepted nothing"
             assert all(len(b) == 1 for k, b in zip(dec.kinds, blocks) if k is StepKind.PLAIN)

@@ -49,3 +49,12 @@ def test_a_ratio_is_never_below_one():
     costs.observe(2, 1, 10.0)
     costs.observe(2, 3, 9.0)  # timing noise
     assert costs.ratio(2, 3) == 1.0
+
+
+def test_row_price_is_the_mean_slope_up_to_the_widest_measured_step():
+    c = StepCosts(alpha=1.0)
+    assert c.row_price(1) == 0.0  # nothing wide measured: every row is worth a try
+    c.observe(1, 1, 40.0)
+    c.observe(1, 17, 120.0)
+    assert c.row_price(1) == (120.0 / 40.0 - 1.0) / 16
+    assert c.row_price(4) == 0.0  # another batch bucket

@@ -5,14 +5,14 @@ from lookahead_core import LookaheadParams
 from lookahead_core.lookahead.layout import StepLayout
 
 
-def _layout(n, w, g, lookup=0):
-    return StepLayout(LookaheadParams(n, w, g, lookup=lookup), torch.float32, "cpu")
+def _layout(n, w, g, lookup=0, successors=0):
+    return StepLayout(LookaheadParams(n, w, g, lookup=lookup, successors=successors), torch.float32, "cpu")
 
 
 def test_sizes_and_rows():
-    lay = _layout(4, 3, 2, lookup=5)
+    lay = _layout(4, 3, 2, lookup=5, successors=7)
     assert lay.window_len == 9 and lay.cand_start == 10
-    assert lay.max_tree_rows == 2 * 3 + 5 and lay.max_tokens == 10 + 11
+    assert lay.max_tree_rows == 2 * 3 + 5 + 7 and lay.max_tokens == 10 + 18
     assert lay.newest_level_start == 7
 
 

@@ -1,4 +1,5 @@
 """Lookahead sampling keeps the model's output distribution (statistical tests with fixed seeds)."""
+import collections
 import itertools
 
 import numpy as np
@@ -11,6 +12,7 @@ from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.planner import StepPlanner
 from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.ngram_pool import NGramPool
 from lookahead_core.lookahead.pacing import StepChoice, StepKind
 from lookahead_core.lookahead.sampling import position_uniform, sample, warp
@@ -174,28 +176,31 @@ def test_the_test_has_power_a_wrong_verifier_fails(logits_table):
     assert gof(wrong, exact_joint(logits_table, params)) < 1e-6
 
 
-def _engine_joint(model, samples, planner=None):
+def _engine_joint(model, samples, planner=None, params=None):
+    params = params or LookaheadParams(N, 2, G, pool_from_prompt=False)
     cfg = EngineConfig(max_batch=256, max_new_tokens=3, max_seq_len=16, max_waiting=samples, max_n=N, max_w=2, max_g=G)
     engine = Engine(model, cfg)
     if planner is not None:
         engine.planner = planner
     for i in range(samples):
-        engine.add_request(req(i, PROMPT, 3, LookaheadParams(N, 2, G, pool_from_prompt=False),
-                               sampling=SamplingParams(1.0, seed=i)))
-        engine._seqs[i].pool.add_sequence(POOL_SEED)
-    out, multi = {i: [] for i in range(samples)}, 0
+        engine.add_request(req(i, PROMPT, 3, params, sampling=SamplingParams(1.0, seed=i)))
+        if params.g:
+            engine._seqs[i].pool.add_sequence(POOL_SEED)
+    out, multi, sources = {i: [] for i in range(samples)}, 0, collections.Counter()
     while engine.has_work():
         for o in engine.step():
             out[o.seq_id] += o.tokens
             multi += len(o.tokens) > 1
-    return counts(tuple(t) for t in out.values()), multi
+            if o.stats is not None:
+                sources.update(o.stats.accepted_from)
+    return counts(tuple(t) for t in out.values()), multi, sources
 
 
 def test_engine_lookahead_sampling_follows_the_model_distribution(model, logits_table):
     """End to end through the batching engine: the same 3-token joint distribution. A plumbing
     check (a wrong logits row would move the distribution far), so fewer samples suffice."""
     samples = 8_000
-    look, multi = _engine_joint(model, samples)
+    look, multi, _ = _engine_joint(model, samples)
     assert multi > samples // 10  # candidates were accepted, not only bonus tokens
     assert gof(look, exact_joint(logits_table, CONFIGS["temperature 1.0"])) > 1e-3
 
@@ -209,8 +214,18 @@ def test_steps_without_the_window_sample_the_model_distribution(model, logits_ta
     """The same check with every step verifying the candidate tree alone (its rows right after the
     last token), the kind the planner picks when the window does not pay."""
     samples = 4_000
-    look, multi = _engine_joint(model, samples, VerifyOnly(None, 1))
+    look, multi, _ = _engine_joint(model, samples, VerifyOnly(StepCosts(), 1))
     assert multi > samples // 10
+    assert gof(look, exact_joint(logits_table, CONFIGS["temperature 1.0"])) > 1e-3
+
+
+def test_successor_trees_sample_the_model_distribution(model, logits_table):
+    """Trees from the replica's top-k successor table alone (no window, pool or lookup), which
+    earlier requests' steps fill: the same joint distribution."""
+    samples = 4_000
+    params = LookaheadParams(2, 1, 0, lookup=0, successors=12, adapt=False)
+    look, multi, sources = _engine_joint(model, samples, params=params)
+    assert multi > samples // 10 and set(sources) == {"successors"}
     assert gof(look, exact_joint(logits_table, CONFIGS["temperature 1.0"])) > 1e-3
 
 

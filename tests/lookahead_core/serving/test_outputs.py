@@ -17,10 +17,13 @@ def test_summary_and_dict_shape():
     summary = LookaheadSummary.of("fixed", LookaheadParams(4, 3, 3), {"full": 2, "plain": 1}, rows=27, tokens=10)
     assert (summary.n, summary.w, summary.g, summary.steps, summary.compression, summary.mean_width) == (4, 3, 3, 3, 3.333, 9.0)
     assert LookaheadSummary.of("off", None, {}, rows=0, tokens=0).compression is None
+    by_source = LookaheadSummary.of("auto", LookaheadParams(), {"verify": 2}, rows=9, tokens=5, proposed=(3, 0, 0, 4, 0),
+                                    accepted=(2, 0, 0, 1, 0))
+    assert by_source.sources == {"lookup": {"proposed": 3, "accepted": 2}, "successors": {"proposed": 4, "accepted": 1}}
     c = Completion("hi", (5, 6), FinishReason.LENGTH, Usage(3, 2), summary, Timings(1.5, 2.0))
     assert c.usage.total_tokens == 5
     assert c.to_dict() == {"text": "hi", "token_ids": [5, 6], "finish_reason": "length",
                            "usage": {"prompt_tokens": 3, "completion_tokens": 2},
                            "lookahead": {"mode": "fixed", "n": 4, "w": 3, "g": 3, "steps": 3, "compression": 3.333,
-                                         "steps_by_kind": {"full": 2, "plain": 1}, "mean_width": 9.0},
+                                         "steps_by_kind": {"full": 2, "plain": 1}, "mean_width": 9.0, "sources": {}},
                            "timings": {"ttft_ms": 1.5, "total_ms": 2.0}}

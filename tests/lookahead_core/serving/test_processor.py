@@ -233,6 +233,20 @@ def test_auto_reports_the_engines_setting_and_what_the_request_ran(proc, engine)
     assert done.lookahead.mean_width >= 1 and done.lookahead.compression == round(12 / done.lookahead.steps, 3)
     off = run(proc, ServeRequest(prompt="def f(x):", max_new_tokens=12, ignore_eos=True, lookahead="off"), engine)[-1]
     assert done.token_ids == off.token_ids and off.lookahead.steps_by_kind == {"plain": 12}
+    assert off.lookahead.sources == {}
+
+
+def test_the_summary_reports_each_candidate_sources_rows(proc, engine):
+    """Per source, the tree rows it put in the request's steps and how many of them were accepted:
+    the accepted rows are the tokens beyond one per wide step."""
+    params = LookaheadParams(3, 2, 2, adapt=False)
+    done = run(proc, ServeRequest(prompt="def f(x): return x\ndef f(x):", max_new_tokens=16, ignore_eos=True,
+                                  lookahead=params), engine)[-1]
+    sources = done.lookahead.sources
+    assert sources and set(sources) <= {"lookup", "pool", "shared", "successors", "history"}
+    assert all(0 <= c["accepted"] <= c["proposed"] for c in sources.values())
+    wide = sum(n for kind, n in done.lookahead.steps_by_kind.items() if kind != "plain")
+    assert sum(c["accepted"] for c in sources.values()) == 16 - done.lookahead.steps and wide == done.lookahead.steps
 
 
 def test_a_stop_string_completed_mid_step_cuts_ids_usage_and_logprobs_as_off(proc, engine, tiny):

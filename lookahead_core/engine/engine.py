@@ -238,7 +238,7 @@ class Engine:
             logits = self.runner.prefill(ids, start, self.cache, self._prefill_mask[:, :, :n, : start + n],
                                          all_logits=top is not None or succ is not None)
             if succ is not None:  # the prompt's own tokens get the successors the model gives them here
-                succ.update(ids[0].numpy(), logits[0].topk(succ.k, dim=-1).indices.numpy())
+                succ.update(ids[0].cpu().numpy(), logits[0].topk(succ.k, dim=-1).indices.cpu().numpy())
             m[:n, start : start + n].zero_()
             if top is not None and seq.prompt_lp is not None:  # row i predicts prompt token start + i + 1
                 seq.prompt_lp += token_logprobs(logits[0], range(n), seq.tokens[start + 1 : start + n + 1], top)

@@ -23,6 +23,7 @@ import platform
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +62,10 @@ class Tally:
     same_fp32: int = 0
     runs: int = 0
     distinct4: list[float] = field(default_factory=list)
+    rows: int = 0  # step rows our engine fed the model
+    kinds: Counter = field(default_factory=Counter)  # steps by kind
+    proposed: Counter = field(default_factory=Counter)  # tree rows by source
+    accepted: Counter = field(default_factory=Counter)
 
 
 def parse_configs(spec: str, pool: str, pld: str, sampling: bool, plain: bool = True,
@@ -184,7 +189,7 @@ class Bench:
         self.configs, self.max_new, self.sampling = configs, max_new, sampling
         self.tallies = {c.name: Tally() for c in configs}
         self.runs = 0
-        self._history = None  # the engine's cross-request state (successor table, text) as the prompt found it
+        self._history = None  # the engine's cross-request state (successor table, text, row rates) as the prompt found it
         # one static cache sized to the longest prompt plus max_new_tokens: one compiled graph for all
         self.compiled = (CompiledGreedy(model, max_prompt_len + max_new, gemm_autotune)
                          if any(c.kind == "hf-compiled" for c in configs) else None)
@@ -192,7 +197,7 @@ class Bench:
     def reset(self) -> None:
         self.tallies = {c.name: Tally() for c in self.configs}
         if self.engine is not None:  # the warm-up prompt's text is no one's
-            for state in (self.engine.successors, self.engine.history):
+            for state in (self.engine.successors, self.engine.history, self.engine.row_rates):
                 if state is not None:
                     state.clear()
 
@@ -200,7 +205,7 @@ class Bench:
         """Every configuration meets the replica's history (successor table, finished text) as
         earlier prompts left it, not holding this prompt's output from the configuration before it."""
         if self.engine is not None:
-            self._history = copy.deepcopy((self.engine.successors, self.engine.history))
+            self._history = copy.deepcopy((self.engine.successors, self.engine.history, self.engine.row_rates))
 
     def run(self, config: Config, prompt: list[int]) -> tuple[list[int], float]:
         if config.kind in ("hf", "hf-pld"):
@@ -214,7 +219,7 @@ class Bench:
             seeded = None if self.sampling is None else SamplingParams(
                 self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, seed=self.runs)
             if self._history is not None:
-                self.engine.successors, self.engine.history = copy.deepcopy(self._history)
+                self.engine.successors, self.engine.history, self.engine.row_rates = copy.deepcopy(self._history)
             t0 = time.perf_counter()
             if self.engine is not None:
                 tokens, stats = self.run_engine(config, prompt, seeded)
@@ -228,6 +233,11 @@ class Bench:
         t.tokens += len(tokens)
         # HF greedy takes one step per token; prompt lookup's steps are not reported (compression "-")
         t.steps += stats.steps if stats else (len(tokens) if config.kind in ("hf", "hf-compiled") else 0)
+        if stats:
+            t.rows += stats.rows
+            t.kinds.update(stats.steps_by_kind)
+            t.proposed.update(stats.proposed)
+            t.accepted.update(stats.accepted_from)
         t.forward_s += stats.forward_s if stats else 0.0
         t.decode_s += stats.decode_s if stats else 0.0
         t.runs += 1
@@ -278,6 +288,9 @@ def report_rows(bench: Bench, greedy: bool, fp32_ref: bool) -> list[dict]:
             "identical_fp32": f"{t.same_fp32}/{t.runs}" if greedy and fp32_ref else None,
             # how repetitive the decoded text is: loops make n-gram hits cheap
             "distinct4": statistics.mean(t.distinct4),
+            "mean_width": t.rows / t.steps if t.rows else None,
+            "steps_by_kind": dict(t.kinds),
+            "sources": {src: f"{t.accepted[src]}/{n}" for src, n in sorted(t.proposed.items())},
         })
     return rows
 
@@ -293,6 +306,10 @@ def print_table(rows: list[dict], title: str) -> None:
         print(f"{r['config']:<18}{r['median_s']:>9.3f}{r['tokens_per_s']:>8.1f}{comp:>7}"
               f"{r['speedup_vs_hf']:>7.2f}x{ovh:>7}{r['identical']:>9}{fd:>9}{r['identical_fp32'] or '-':>10}"
               f"{r['distinct4']:>7.2f}")
+    for r in rows:
+        if r["mean_width"] is not None and r["steps_by_kind"] != {"plain": sum(r["steps_by_kind"].values())}:
+            print(f"  {r['config']}: mean width {r['mean_width']:.2f}, steps {r['steps_by_kind']}, "
+                  f"tree rows accepted/proposed by source {r['sources']}")
 
 
 def main(argv: list[str] | None = None) -> dict:

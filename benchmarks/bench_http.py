@@ -2,9 +2,10 @@
 
 Against a running server (`serve run serve_config.yaml`): at each user count, four phases
 (auto, off, off, auto) of `--duration` seconds each; every user sends its next chat request
-(`/generate` with `messages`) as soon as the last one returns, cycling through the same prompts
-in every phase. A phase's throughput is the completion tokens of its requests over the time from
-its start until its last request returns; latency is each request's end-to-end time.
+(`/generate` with `messages`, streamed) as soon as the last one returns, cycling through the same
+prompts in every phase. A phase's throughput is the completion tokens of its requests over the time
+from its start until its last request returns; latency is each request's end-to-end time, TTFT and
+TPOT (time per output token after the first) are read from the stream.
 
     python -m benchmarks.bench_http --users 1,4,8,16,24 --duration 60 --json results/http.json
     python -m benchmarks.bench_http --users 4 --temperature 1.0 --duration 60
@@ -14,62 +15,32 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import threading
 import time
 from pathlib import Path
 
 import requests
 
+from loadtests.client import ClosedLoop, percentiles, prompt_cycle, read_prompts
+
 MODES = ("auto", "off", "off", "auto")
 
 
-def read_prompts(path: str, count: int) -> list[str]:
-    lines = [json.loads(line)["prompt"] for line in Path(path).read_text().splitlines() if line.strip()]
-    step = max(len(lines) // count, 1)
-    return lines[::step][:count]
-
-
-def phase(url: str, mode: str, users: int, duration: float, prompts: list[str], body: dict) -> dict:
+def phase(url: str, mode: str, users: int, duration: float, prompts: list[str], max_new_tokens: int,
+          temperature: float) -> dict:
     """One closed-loop phase; returns its tokens/s, latencies and compression."""
-    done: list[tuple[float, int, float | None]] = []  # (latency s, tokens, compression)
-    errors: list[str] = []
-    lock = threading.Lock()
-    start = time.perf_counter()
-    deadline = start + duration
-
-    def user(u: int) -> None:
-        k = 0
-        while time.perf_counter() < deadline:
-            prompt = prompts[(u * 7 + k) % len(prompts)]
-            k += 1
-            t0 = time.perf_counter()
-            try:
-                r = requests.post(url + "/generate", timeout=600, json={
-                    **body, "messages": [{"role": "user", "content": prompt}], "lookahead": mode})
-                out = r.json()
-                if r.status_code != 200:
-                    raise RuntimeError(f"{r.status_code}: {out.get('error', {}).get('message', r.text)}")
-            except (requests.RequestException, RuntimeError, ValueError) as exc:  # counted and reported, never hidden
-                with lock:
-                    errors.append(str(exc))
-                continue
-            with lock:
-                done.append((time.perf_counter() - t0, out["usage"]["completion_tokens"], out["lookahead"]["compression"]))
-
-    threads = [threading.Thread(target=user, args=(u,), daemon=True) for u in range(users)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    lat = sorted(d[0] for d in done)
-    comps = [d[2] for d in done if d[2] is not None]
+    body = prompt_cycle(prompts, chat=True, max_new_tokens=max_new_tokens, lookahead=mode, temperature=temperature)
+    start = time.time()
+    outcomes = ClosedLoop(url, users, body).run(duration)
+    wall = max(o.end for o in outcomes) - start if outcomes else duration
+    done = [o for o in outcomes if o.ok]
+    errors = [o.error for o in outcomes if not o.ok]  # counted and reported, never hidden
+    tokens = sum(o.summary["usage"]["completion_tokens"] for o in done)
+    comps = [o.summary["lookahead"]["compression"] for o in done if o.summary["lookahead"]["compression"] is not None]
+    lat, ttft, tpot = (percentiles([getattr(o, f) for o in done], (50, 95)) for f in ("latency", "ttft", "tpot"))
     return {
         "mode": mode, "users": users, "requests": len(done), "errors": len(errors), "error_samples": errors[:3],
-        "wall_s": round(wall, 2), "tokens": sum(d[1] for d in done),
-        "tokens_per_s": round(sum(d[1] for d in done) / wall, 3),
-        "p50_s": round(statistics.median(lat), 3) if lat else None,
-        "p95_s": round(lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))], 3) if lat else None,
+        "wall_s": round(wall, 2), "tokens": tokens, "tokens_per_s": round(tokens / wall, 3),
+        "p50_s": lat["p50"], "p95_s": lat["p95"], "ttft_p50_s": ttft["p50"], "tpot_p50_s": tpot["p50"],
         "compression": round(statistics.mean(comps), 3) if comps else None,
     }
 
@@ -88,22 +59,22 @@ def main(argv: list[str] | None = None) -> dict:
 
     health = requests.get(args.url + "/health", timeout=30).json()
     prompts = read_prompts(args.prompts, args.num_prompts)
-    body = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     levels = []
     print(f"model={health.get('model')} dtype={health.get('dtype')} cpu_capability={health.get('cpu_capability')} "
           f"torch_threads={health.get('torch_threads')} kv_slots={health.get('kv_cache', {}).get('slots')} "
           f"max_new_tokens={args.max_new_tokens} temperature={args.temperature} {args.duration:.0f} s per phase, A B B A")
     print(f"replica RSS before: {health['replica']['rss_mb']} MB")
     print(f"{'users':>5} {'auto tok/s':>11} {'off tok/s':>10} {'ratio':>6} {'auto p50':>9} {'off p50':>8} {'ratio':>6} "
-          f"{'auto compr':>10} {'errors':>6}")
+          f"{'TTFT auto/off ms':>17} {'TPOT auto/off ms':>17} {'auto compr':>10} {'errors':>6}")
     for users in [int(u) for u in args.users.split(",")]:
-        phases = [phase(args.url, mode, users, args.duration, prompts, body) for mode in MODES]
+        phases = [phase(args.url, mode, users, args.duration, prompts, args.max_new_tokens, args.temperature) for mode in MODES]
         agg = {}
         for mode in ("auto", "off"):
             mine = [p for p in phases if p["mode"] == mode]
             wall, tokens = sum(p["wall_s"] for p in mine), sum(p["tokens"] for p in mine)
             agg[mode] = {"tokens_per_s": tokens / wall if wall else 0.0,
-                         "p50_s": statistics.mean(p["p50_s"] for p in mine if p["p50_s"] is not None),
+                         **{k: statistics.fmean([p[k] for p in mine if p[k] is not None] or [float("nan")])
+                            for k in ("p50_s", "ttft_p50_s", "tpot_p50_s")},
                          "compression": statistics.mean(p["compression"] or 1.0 for p in mine)}
         level = {"users": users, "phases": phases,
                  "throughput_ratio": round(agg["auto"]["tokens_per_s"] / agg["off"]["tokens_per_s"], 3),
@@ -112,7 +83,9 @@ def main(argv: list[str] | None = None) -> dict:
         levels.append(level)
         a, o = agg["auto"], agg["off"]
         print(f"{users:>5} {a['tokens_per_s']:>11.2f} {o['tokens_per_s']:>10.2f} {level['throughput_ratio']:>5.2f}x "
-              f"{a['p50_s']:>8.2f}s {o['p50_s']:>7.2f}s {level['p50_ratio']:>5.2f}x {a['compression']:>10.2f} {level['errors']:>6}",
+              f"{a['p50_s']:>8.2f}s {o['p50_s']:>7.2f}s {level['p50_ratio']:>5.2f}x "
+              f"{1e3 * a['ttft_p50_s']:>8.0f}/{1e3 * o['ttft_p50_s']:<8.0f} {1e3 * a['tpot_p50_s']:>8.1f}/{1e3 * o['tpot_p50_s']:<8.1f} "
+              f"{a['compression']:>10.2f} {level['errors']:>6}",
               flush=True)
     after = requests.get(args.url + "/health", timeout=30).json()
     print(f"replica RSS after: {after['replica']['rss_mb']} MB (same pid: {after['replica']['pid'] == health['replica']['pid']}); "

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from .local_cluster import LocalCluster, free_port, load_config, report
-from .traffic import Users, percentiles, stream_once
+from loadtests.client import ClosedLoop, generate, percentiles
 
-MODEL = "SmolLM2-135M-Instruct"
+from .local_cluster import LocalCluster, chat_requests, free_port, load_config, report
+
 POLICIES = {"default": None, "engine_queue": "deployments.autoscaling:engine_queue_policy"}
 # Ray reads these in its processes; 1 s pushes instead of 10 s for the short CI variant.
 FAST_ENV = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
@@ -26,15 +26,15 @@ FAST_SCALING = {"upscale_delay_s": 2, "downscale_delay_s": 6, "look_back_period_
 
 
 def summarize(outcomes, since: float, until: float) -> dict:
-    """Requests started in [since, until); throughput counts the text chunks of requests that
-    ended in it, per second."""
+    """Requests started in [since, until); throughput counts the tokens of requests that ended in
+    it, per second."""
     chosen = [o for o in outcomes if since <= o.start < until]
     ok = [o for o in chosen if o.ok]
-    chunks = sum(o.tokens for o in outcomes if since <= o.end < until)
+    tokens = sum(o.tokens for o in outcomes if since <= o.end < until)
     return {"requests": len(chosen), "errors": len(chosen) - len(ok),
-            "chunks_per_s": round(chunks / max(until - since, 1e-9), 2),
-            "latency_s": percentiles([o.end - o.start for o in ok]),
-            "ttft_s": percentiles([o.ttft for o in ok if o.ttft is not None])}
+            "tokens_per_s": round(tokens / max(until - since, 1e-9), 2),
+            "latency_s": percentiles(o.latency for o in ok),
+            "ttft_s": percentiles(o.ttft for o in ok)}
 
 
 def wait_for(cluster: LocalCluster, check, timeout_s: float, timeline: list, t0: float) -> float | None:
@@ -64,13 +64,14 @@ def one_policy(policy: str, users: int, max_tokens: int, hold_s: float, fast: bo
     with LocalCluster(workers=2, env=FAST_ENV if fast else {}) as cluster:
         config = load_config(port=free_port(), autoscaling=scaling)
         url = cluster.deploy(config)
+        body = chat_requests(max_tokens)
         for i in range(2):  # the first forwards are slow: keep them out of the figures
-            stream_once(url, MODEL, i, max_tokens, timeout_s=120)
-        idle = [stream_once(url, MODEL, i, max_tokens, timeout_s=120) for i in range(1 if fast else 3)]
+            generate(url, body(i, 0), timeout_s=120)
+        idle = [generate(url, body(i, 0), timeout_s=120) for i in range(1 if fast else 3)]
 
         timeline: list = []
         t_load = time.time()
-        load = Users(url, MODEL, users, max_tokens).start()
+        load = ClosedLoop(url, users, body, timeout_s=120).start()
         t_decided = wait_for(cluster, lambda r: len(r) >= 2, timeout_s, timeline, t_load)
         t_ready = wait_for(cluster, lambda r: running(r) >= 2, timeout_s, timeline, t_load)
         time.sleep(hold_s)
@@ -78,7 +79,7 @@ def one_policy(policy: str, users: int, max_tokens: int, hold_s: float, fast: bo
         outcomes = load.stop()
         t_drained = time.time()
         t_in = wait_for(cluster, lambda r: len(r) == 1 and running(r) == 1, timeout_s, timeline, t_load)
-        after = stream_once(url, MODEL, 0, max_tokens, timeout_s=120)
+        after = generate(url, body(0, 0), timeout_s=120)
 
     def rel(t, base):
         return None if t is None else round(t - base, 1)
@@ -92,7 +93,7 @@ def one_policy(policy: str, users: int, max_tokens: int, hold_s: float, fast: bo
         "scale_out_decided_s": rel(t_decided, t_load),
         "scale_out_running_s": rel(t_ready, t_load),
         "scale_in_s": rel(t_in, t_drained),
-        "idle_latency_s": percentiles([o.end - o.start for o in idle if o.ok]),
+        "idle_latency_s": percentiles(o.latency for o in idle if o.ok),
         "before_second_replica": summarize(outcomes, t_load, ready),
         "after_second_replica": summarize(outcomes, ready, t_stop),
         "errors": sum(not o.ok for o in outcomes),

@@ -15,6 +15,8 @@ from typing import Self
 import requests
 import yaml
 
+from loadtests.client import prompt_cycle, read_prompts
+
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve_cluster.yaml"
 APP = "lookahead"
 MODEL_DEPLOYMENT = "LookaheadModel"
@@ -41,6 +43,11 @@ def load_config(path: Path = CONFIG, port: int | None = None, autoscaling: dict 
         elif autoscaling is not None:
             dep["autoscaling_config"] = {**dep.get("autoscaling_config", {}), **autoscaling}
     return config
+
+
+def chat_requests(max_tokens: int):
+    """The cluster runs' request bodies: greedy chat prompts, each user cycling through the chat set."""
+    return prompt_cycle(read_prompts("chat"), chat=True, max_new_tokens=max_tokens)
 
 
 def report(result, out: str | None) -> None:

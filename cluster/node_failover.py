@@ -10,17 +10,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from .local_cluster import APP, LocalCluster, free_port, load_config, report
-from .traffic import Users, percentiles, stream_once
+from loadtests.client import ClosedLoop, generate, percentiles
 
-MODEL = "SmolLM2-135M-Instruct"
+from .local_cluster import APP, LocalCluster, chat_requests, free_port, load_config, report
 
 
 def warm_up(url: str, replicas: int, max_tokens: int) -> None:
     """Concurrent requests until each replica has decoded once (the first forward is slow)."""
-    users = Users(url, MODEL, users=2 * replicas, max_tokens=max_tokens).start()
-    time.sleep(1)
-    users.stop()
+    ClosedLoop(url, 2 * replicas, chat_requests(max_tokens), timeout_s=120).run(1)
 
 
 def run(users: int, before_s: float, after_s: float, max_tokens: int, probes: int) -> dict:
@@ -32,7 +29,8 @@ def run(users: int, before_s: float, after_s: float, max_tokens: int, probes: in
         ingress = cluster.app()["deployments"]["LookaheadAPI"]["replicas"][0]["node_id"]
         warm_up(url, len(placed), max_tokens)
 
-        traffic = Users(url, MODEL, users, max_tokens).start()
+        body = chat_requests(max_tokens)
+        traffic = ClosedLoop(url, users, body, timeout_s=120).start()
         time.sleep(before_s)
         victim = placed[0]
         t_remove = time.time()
@@ -41,7 +39,7 @@ def run(users: int, before_s: float, after_s: float, max_tokens: int, probes: in
         time.sleep(after_s)
         outcomes = traffic.stop()
 
-        probe = [stream_once(url, MODEL, i, max_tokens, timeout_s=120) for i in range(probes)]
+        probe = [generate(url, body(i, 0), timeout_s=120) for i in range(probes)]
         after = cluster.running_replicas()
         status = cluster.app().get("status")
 
@@ -61,7 +59,7 @@ def run(users: int, before_s: float, after_s: float, max_tokens: int, probes: in
         "failed": len(failed),
         "failed_started_before_removal": sum(o.start < t_remove for o in failed),
         "failed_in_flight_at_removal": sum(o in in_flight for o in failed),
-        "failure_latency_s": percentiles([o.end - t_remove for o in failed], (50, 100)),
+        "failure_latency_s": percentiles((o.end - t_remove for o in failed), (50, 100)),
         "errors": sorted({o.error for o in failed if o.error}),
         "client_timeouts": sum(bool(o.error and o.error.startswith("client:")) for o in outcomes),
         "started_after_removal": len(started_after),

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from locust import HttpUser, constant, events, task
 
+from loadtests.client import Outcome, generate_body, lookahead_field, read_prompts, read_stream
 from loadtests.slo import ENTRIES, PERCENTILES, SloConfig, table, verdict
-from lookahead_core.serving import sse
 
 if os.environ.get("LOOKAHEAD_SHAPE"):
     from loadtests.shapes import SHAPES
@@ -48,18 +48,6 @@ def _options(parser) -> None:
     parser.add_argument("--summary-json", default="", help="write figures and verdict here")
 
 
-def _prompts(spec: str) -> list[str]:
-    path = Path(spec) if spec.endswith(".jsonl") else ROOT / "benchmarks" / "prompts" / f"{spec}.jsonl"
-    return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
-
-
-def _lookahead(spec: str):
-    if spec in ("auto", "off"):
-        return spec
-    n, w, g = (int(x) for x in spec.split(","))
-    return {"n": n, "w": w, "g": g}
-
-
 def _record(environment, name: str, value: float) -> None:
     environment.events.request.fire(request_type="METRIC", name=name, response_time=value, response_length=0, exception=None, context={})
 
@@ -69,54 +57,39 @@ class GenerateUser(HttpUser):
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
-        self.prompts = _prompts(opts.prompt_set)
-        self.lookahead = _lookahead(opts.lookahead)
+        self.prompts = read_prompts(opts.prompt_set)
+        self.lookahead = lookahead_field(opts.lookahead)
         self.max_new = opts.max_new_tokens
         self.rng = random.Random()
 
     @task
     def generate(self) -> None:
-        body = {"prompt": self.rng.choice(self.prompts), "max_new_tokens": self.max_new, "stream": True, "lookahead": self.lookahead}
-        t0 = time.perf_counter()
-        first = last = None
-        count, summary = 0, None
+        body = generate_body(self.rng.choice(self.prompts), chat=False, max_new_tokens=self.max_new, lookahead=self.lookahead)
+        out = Outcome(start=time.perf_counter())
         with self.client.post("/generate", json=body, stream=True, catch_response=True, name="generate") as resp:
             if resp.status_code != 200:
                 resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
                 return
-            for event in sse.events(resp.iter_lines()):
-                if event == sse.DONE:
-                    break
-                if "error" in event:  # e.g. the replica died mid-stream
-                    resp.failure(f"error event {event['error'].get('status')}: {event['error'].get('message')}")
-                    return
-                if event.get("done"):
-                    summary = event
-                elif event.get("token_ids"):
-                    now = time.perf_counter()
-                    first = first if first is not None else now
-                    last = now
-                    count += len(event["token_ids"])
-            if summary is None or first is None:
-                resp.failure("the stream ended without tokens or summary")
+            read_stream(out, resp.iter_lines(), clock=time.perf_counter)
+            if out.error is not None or out.first is None:  # e.g. the replica died mid-stream
+                resp.failure(f"stream: {out.error}" if out.error else "the stream ended without tokens")
                 return
             resp.success()
-        end = time.perf_counter()
         env = self.environment
-        measured = {"ttft": (first - t0) * 1000, "e2e": (end - t0) * 1000}
-        if count > 1:
-            measured["tpot"] = (last - first) * 1000 / (count - 1)
+        measured = {"ttft": 1000 * out.ttft, "e2e": 1000 * out.latency}
+        if out.tpot is not None:
+            measured["tpot"] = 1000 * out.tpot
         for name, value in measured.items():
             _record(env, name, value)
-        _record(env, "output_tokens_per_s", count / (end - t0))
+        _record(env, "output_tokens_per_s", out.tokens / out.latency)
         RUN["met_slo"] += all(measured.get(k, 0.0) <= v for k, v in LIMITS.items())
-        la = summary["lookahead"]
+        la = out.summary["lookahead"]
         for kind, steps in la.get("steps_by_kind", {}).items():  # what the engine's planner ran
             RUN["mix"][kind] = RUN["mix"].get(kind, 0) + steps
         if la["compression"]:
             RUN["compression"].append(la["compression"])
         RUN["steps"] += la["steps"]
-        RUN["tokens"] += count
+        RUN["tokens"] += out.tokens
 
 
 def figures(environment) -> dict[str, dict[str, float]]:

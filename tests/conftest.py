@@ -89,11 +89,12 @@ torch.set_num_threads(2)
 # and not slow"`, `make test` runs everything. Set here by path and fixture, so test modules need no marks.
 TESTS = Path(__file__).resolve().parent
 # Modules under tests/deployments/ and tests/loadtests/ that start no Ray (config, schema, guard,
-# protocol and policy arithmetic; SLO, shape and report helpers): they stay in the fast tier.
+# protocol and policy arithmetic; SLO, shape, report and stream-parsing helpers): they stay in the fast tier.
 NO_RAY = {
     "deployments/test_autoscaling.py", "deployments/test_configs.py", "deployments/test_guard.py",
     "deployments/test_kuberay.py", "deployments/test_protocol.py",
-    "loadtests/test_guidellm_summary.py", "loadtests/test_shapes.py", "loadtests/test_slo.py", "loadtests/test_soak.py",
+    "loadtests/test_client.py", "loadtests/test_guidellm_summary.py", "loadtests/test_shapes.py", "loadtests/test_slo.py",
+    "loadtests/test_soak.py",
 }
 # Modules that load the real default model, SmolLM2-135M-Instruct (lookahead_core.models.loading.DEFAULT_MODEL).
 REAL_MODEL = {"models/test_smollm2.py", "deployments/test_default_model.py"}

@@ -205,6 +205,43 @@ class _Staging:
         self.used = (0, 0, 0)
 
 
+class CompileThrottle:
+    """`sys.settrace` hook for a background compile thread: while `owner.busy` (the engine has
+    requests) the thread runs `share` of the time, in turns of `slice_s`, and sleeps at a Python
+    call in between; 0 makes it wait until the engine is idle.
+
+    Compiling is Python and holds the GIL; each op of an eager step beside it waits up to the
+    switch interval for it (a forward beside a busy Python thread: 24x slower at the default 5 ms,
+    still 2.4-3.8x at 1-100 us on 2 cores), so it must yield; but a replica that is never idle
+    still gets its compiled steps. An engine that stops stepping (`owner.beat` unchanged for 1 s)
+    may wait on a lock this thread holds (logging, an import): then the compile runs on until the
+    engine steps again.
+    """
+
+    def __init__(self, owner, share: float, slice_s: float = 0.05) -> None:
+        self.owner, self.slice_s = owner, slice_s
+        self.rest_s = slice_s * (1 - share) / share if share > 0 else float("inf")
+        self.turn_start = 0.0
+        self.stuck = -1
+
+    def __call__(self, frame, event, arg) -> None:
+        owner = self.owner
+        if not owner.busy or owner.beat == self.stuck:
+            return
+        now = time.monotonic()
+        if now - self.turn_start < self.slice_s:
+            return
+        last, since, until = owner.beat, now, now + self.rest_s
+        while owner.busy and time.monotonic() < until:
+            time.sleep(0.002)
+            if owner.beat != last:
+                last, since = owner.beat, time.monotonic()
+            elif time.monotonic() - since > 1.0:
+                self.stuck = last
+                break
+        self.turn_start = time.monotonic()
+
+
 class CompiledForward:
     """`forward(input_ids, position_ids, mask, cache)` with `ModelRunner.forward`'s contract
     (greedy next token of every input position as host lists, and the logits [B, T, V]), run
@@ -243,6 +280,7 @@ class CompiledForward:
         freezing: bool | None = None,
         gemm_autotune: bool = True,
         mode: str | None = None,
+        load_share: float = 0.25,
     ) -> None:
         self.model, self.cache = model, cache
         param = next(model.parameters())
@@ -268,7 +306,8 @@ class CompiledForward:
         self.lazy = lazy  # compile a bucket on its first step; else only warmed-up buckets run compiled
         self.ready: set[Bucket] = set()
         self.failed: dict[Bucket, str] = {}
-        self.busy = False  # set by the engine while it has requests: a background compile waits
+        self.busy = False  # set by the engine while it has requests: a background compile slows down
+        self.load_share = load_share
         self.beat = 0  # the engine's step count
         self._arange = torch.arange(max(self.width_buckets), device=self.device)
         self._staging: dict[Bucket, _Staging] = {}
@@ -358,36 +397,18 @@ class CompiledForward:
     def compile_in_background(self, buckets: Iterable[Bucket | tuple[int, int, int]]) -> threading.Thread:
         """Compile these buckets one by one on a daemon thread while steps run eagerly; each bucket
         runs compiled from the step after it is ready. Each bucket's first call (the compile) writes
-        only scratch columns, so it may overlap the engine's steps. The compile pauses while `busy`
-        is set (the engine sets it while it has requests)."""
+        only scratch columns, so it may overlap the engine's steps. While `busy` is set (the engine
+        sets it while it has requests) the compile takes `load_share` of the time (0: it waits)."""
         todo = [b if isinstance(b, Bucket) else Bucket(*b) for b in buckets]
         for b in todo:  # staging and the KV tensors are created here, not raced by the thread
             self._stage_for(b)
 
-        stuck = [-1]
-
-        def pause(frame, event, arg):
-            # Compiling is Python and holds the GIL; each op of an eager step beside it waits up
-            # to the switch interval for it (a forward beside a busy Python thread: 24x slower at
-            # the default 5 ms, still 2.4-3.8x at 1-100 us on 2 cores). So at every Python call
-            # the compile sleeps while the engine has work (attribute reads: this runs a lot).
-            # An engine that stops stepping may wait on a lock this thread holds (logging,
-            # an import): then the compile runs on until the engine steps again.
-            if not self.busy or self.beat == stuck[0]:
-                return
-            last, since = self.beat, time.monotonic()
-            while self.busy:
-                time.sleep(0.002)
-                if self.beat != last:
-                    last, since = self.beat, time.monotonic()
-                elif time.monotonic() - since > 1.0:
-                    stuck[0] = last
-                    return
+        throttle = CompileThrottle(self, self.load_share)
 
         def work() -> None:
             with contextlib.suppress(OSError, AttributeError):  # the compiler's subprocesses too
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            sys.settrace(pause)  # this thread only
+            sys.settrace(throttle)  # this thread only
             for b in todo:
                 try:
                     seconds = self.warmup([b]).get(b)

@@ -77,6 +77,9 @@ class EngineConfig(BaseModel):
     compile_buckets: tuple[tuple[int, int], ...] = Field(
         ((1, 1), (1, 8), (1, 17)), description="(batch, step width) shapes compiled; a step runs in the smallest "
                                                "that holds it, padded, or eagerly when none does")
+    compile_load_share: float = Field(
+        0.25, ge=0, le=1, description="\"auto\": the share of time the background compile takes while requests "
+                                       "decode (it slows them meanwhile); 0 compiles only while the engine is idle")
     compile_autotune: bool = Field(
         True, description="on CPU, time each linear layer of a bucket between inductor's C++ GEMM template and MKL "
                           "when compiling it (a longer compile; on AVX2, one-token steps ~1.6x and wide ones ~2x faster)")

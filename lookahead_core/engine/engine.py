@@ -23,10 +23,12 @@ from lookahead_core.engine.step_buffers import BatchStepBuffers
 from lookahead_core.lookahead.history import SharedHistory
 from lookahead_core.lookahead.pacing import StepKind
 from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.lookahead.row_rates import RowRates
 from lookahead_core.lookahead.sampling import SamplingParams, sample_rows
 from lookahead_core.lookahead.shared_pool import SharedNGramPool
 from lookahead_core.lookahead.stopping import FinishReason
 from lookahead_core.lookahead.successors import SuccessorTable
+from lookahead_core.lookahead.tree import SOURCE_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,7 @@ class Engine:
         self.history = SharedHistory(cfg.history_tokens) if cfg.history_tokens else None
         self.successors = (SuccessorTable(r.vocab_size, cfg.successor_topk, max(cfg.max_successors, 1))
                            if cfg.successor_topk else None)
+        self.row_rates = RowRates(Sequence.ROW_DEPTHS)
         self._prefill_mask = torch.zeros((1, 1, cfg.prefill_chunk, capacity), dtype=r.dtype, device=r.device)
         self._causal = torch.full((cfg.prefill_chunk, cfg.prefill_chunk), torch.finfo(r.dtype).min, dtype=r.dtype,
                                   device=r.device).triu_(1)
@@ -110,7 +113,7 @@ class Engine:
         kvs = sorted({min(kv, capacity) for kv in cfg.compile_kv})
         cf = CompiledForward(self.runner.model, self.cache, batch_buckets={b for b, _ in cfg.compile_buckets},
                              width_buckets={w for _, w in cfg.compile_buckets}, kv_buckets=kvs, lazy=False,
-                             gemm_autotune=cfg.compile_autotune)
+                             gemm_autotune=cfg.compile_autotune, load_share=cfg.compile_load_share)
         buckets = [Bucket(b, w, kv) for b, w in cfg.compile_buckets for kv in kvs]
         if cfg.compile == "on":
             for bucket, seconds in cf.warmup(buckets).items():
@@ -129,6 +132,9 @@ class Engine:
             "successors": None if succ is None else {
                 "k": succ.k, "tokens_known": succ.known, "bytes": succ.nbytes, "template_nodes": succ.max_nodes,
                 "node_acceptance": [round(float(r), 3) for r in succ.rates()[:8]]},
+            # tree rows accepted per proposal, by source, at depths 1-4 (what a VERIFY step expects of them)
+            "row_acceptance": {name: [round(float(r), 3) for r in rates[:4]]
+                               for name, rates in zip(SOURCE_NAMES, self.row_rates.rates())},
         }
 
     def compile_status(self) -> list[dict]:
@@ -164,7 +170,8 @@ class Engine:
         sched = self.scheduler
         if len(sched.waiting) >= self.config.max_waiting + max(sched.free_slots(), 0):
             raise EngineOverloaded(f"{len(sched.waiting)} requests are already waiting for a slot")
-        seq = Sequence(req, params, self.runner.layout, self.shared_pool, self.successors, self.history)
+        seq = Sequence(req, params, self.runner.layout, self.shared_pool, self.successors, self.history,
+                       self.row_rates)
         self._seqs[req.request_id] = seq
         sched.add(seq)
         if self.compiled is not None:

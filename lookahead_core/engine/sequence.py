@@ -14,6 +14,7 @@ from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.ngram_pool import NGramPool
 from lookahead_core.lookahead.pacing import Menu, StepChoice, StepKind, StepPacer
 from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.lookahead.row_rates import RowRates
 from lookahead_core.lookahead.sampling import new_seed, position_uniform
 from lookahead_core.lookahead.shared_pool import SharedNGramPool
 from lookahead_core.lookahead.stopping import FinishReason
@@ -102,6 +103,7 @@ class Sequence:
         shared: SharedNGramPool | None = None,
         successors: SuccessorTable | None = None,
         history: SharedHistory | None = None,
+        row_rates: RowRates | None = None,
     ) -> None:
         self.seq_id = req.request_id
         self.tokens: list[int] = list(req.prompt)
@@ -126,6 +128,11 @@ class Sequence:
         self.shared = shared
         self.history = history if params is not None and params.lookup else None
         self.successors = successors if params is not None and params.successors else None
+        # how often rows like the tree's were accepted: the replica's, and this request's own
+        self.row_rates = row_rates if row_rates is not None else RowRates(self.ROW_DEPTHS)
+        self._own_rates = RowRates(self.row_rates.max_depth, prior=False)
+        self._order = np.zeros(0, dtype=np.int64)  # tree rows, likeliest first
+        self._full_rows = 0  # the tree rows a whole step keeps
         # the last step's tree rows by source: (proposed, accepted), None for a plain step
         self.step_sources: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         if self.successors is not None:  # this request's own acceptance of each successor template node
@@ -151,6 +158,7 @@ class Sequence:
         return self.finish_reason is not None
 
     OWN_WEIGHT = 16.0  # proposals of a node after which the request's own rate counts as much as the replica's
+    ROW_DEPTHS = 16  # row rates are kept per depth up to this; deeper rows share the last
 
     def node_rates(self) -> np.ndarray:
         """Each successor template node's acceptance: the request's own, pulled toward the replica's."""
@@ -159,9 +167,9 @@ class Sequence:
         return (self._node_accepted + k * self.successors.rates()) / (self._node_proposed + k)
 
     def offer(self, row_price: float = 0.0) -> Offer:
-        """Gather this step's candidates into the tree and say which widths this request can run.
-        Successor-tree nodes accepted less often than `row_price` (what one more row of the step
-        costs, in one-token steps) are left out."""
+        """Gather this step's candidates into the tree and offer the planner each width this
+        request can run. A whole step leaves out the tree rows accepted less often than
+        `row_price` (what one more row of the step costs, in one-token steps)."""
         if self.params is None:
             return Offer(1)
         lay, last = self.layout, self.tokens[-1]
@@ -181,18 +189,43 @@ class Sequence:
             sources += [Source.SHARED] * (len(cands) - len(sources))
         tags = [-1] * len(cands)
         if self.successors is not None:
-            keep = self.node_rates() >= row_price if row_price > 0 else None
-            succ, nodes = self.successors.propose(last, self.params.successors, keep)
+            succ, nodes = self.successors.propose(last, self.params.successors)
             cands += succ
             sources += [Source.SUCCESSORS] * len(succ)
             tags += nodes
-        rows = self.tree.build(cands, sources=sources, tags=tags)
-        widths = {StepKind.FULL: lay.cand_start + rows}
+        self.tree.build(cands, sources=sources, tags=tags)
+        p = self._rank_rows()
+        # a whole step keeps the rows accepted more often than a row costs
+        self._full_rows = int(np.count_nonzero(p >= row_price))
+        full = lay.cand_start + self._full_rows
         if self.pacer is None:
-            return Offer(widths[StepKind.FULL])
-        if rows:
-            widths[StepKind.VERIFY] = 1 + rows
-        return Offer(1, self.pacer.menu(widths, copied_run), self.pacer, copied_run)
+            return Offer(full)
+        # a step without the window keeps the m likeliest rows, for any m: the bonus token plus their chances
+        verify = [(m + 1, float(e)) for m, e in enumerate(1.0 + np.cumsum(p))]
+        return Offer(1, self.pacer.menu(full, verify, copied_run), self.pacer, copied_run)
+
+    def row_odds(self) -> np.ndarray:
+        """Each tree row's chance of being accepted: its template node's rate for a successor
+        row, else its source's at its depth; never above its parent's."""
+        tree = self.tree
+        n = tree.size
+        src, depth = tree.source[:n], np.minimum(tree.depth[:n], self.row_rates.max_depth) - 1
+        p = self.row_rates.rates(self._own_rates, self.OWN_WEIGHT)[src, depth]
+        if self.successors is not None:
+            succ = src == Source.SUCCESSORS
+            p[succ] = self.node_rates()[tree.tag[:n][succ]]
+        parent = tree.parent
+        for r in range(n):
+            if parent[r] >= 0 and p[parent[r]] < p[r]:
+                p[r] = p[parent[r]]
+        return p
+
+    def _rank_rows(self) -> np.ndarray:
+        """Order the tree's rows likeliest first (`_order`); returns their chances in that order.
+        A child never outranks its parent: it is no likelier, and after it on ties."""
+        p = self.row_odds()
+        self._order = np.argsort(-p, kind="stable")
+        return p[self._order]
 
     def plan(self, ids: np.ndarray, choice: StepChoice) -> Row:
         """Write this step's tokens into `ids`: [last | window | candidates] for a FULL step,
@@ -202,6 +235,9 @@ class Sequence:
         if choice.kind is StepKind.PLAIN:
             tree.build(())
             return Row(choice, 1, 1, self._verify_offsets, lay.verify_template)
+        rows = self._full_rows if choice.kind is StepKind.FULL else choice.rows
+        if rows is not None and rows < tree.size:
+            tree.keep(self._order[:rows])
         if choice.kind is StepKind.VERIFY:
             start, offsets, template = 1, self._verify_offsets, lay.verify_template
         else:
@@ -250,6 +286,10 @@ class Sequence:
             self.step_sources = (tuple(np.bincount(tree.source[: tree.size], minlength=len(Source)).tolist()),
                                  tuple(np.bincount(tree.source[kept], minlength=len(Source)).tolist()))
             self.stats.record_sources(*self.step_sources)
+            hit = np.zeros(tree.size, dtype=bool)
+            hit[kept] = True
+            for rates in (self.row_rates, self._own_rates):
+                rates.observe(tree.source[: tree.size], tree.depth[: tree.size], hit)
             if self.successors is not None:
                 self._observe_nodes(tree, kept)
         before = len(self.tokens)

@@ -14,15 +14,21 @@ class StepCosts:
     drifts (other load, clocks), so it is measured on every step rather than read from a file.
     `ratio(batch, width)` is what a step `width` tokens wide costs against a one-token step.
     A width never measured is assumed to cost what the widest measured narrower step costs, so
-    it gets tried, and then measured; `prior_slope` stands in before anything is measured.
+    it gets tried, and then measured; `prior_slope` stands in before anything is measured. A wide
+    cell with fewer than `settle` forwards is blended with the prior (CPU timings err slow: one
+    preempted forward must not price a width out before it was tried again).
     One cell per (bucket, width) the engine can run: the state is bounded by its limits.
     """
 
-    def __init__(self, alpha: float = 0.1, prior_slope: float = 0.05) -> None:
+    def __init__(self, alpha: float = 0.1, prior_slope: float = 0.05, settle: int = 8) -> None:
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        if settle < 1:
+            raise ValueError(f"settle must be >= 1, got {settle}")
         self.alpha = alpha
         self.prior_slope = prior_slope
+        self.settle = settle
+        self._n: dict[tuple[int, int], int] = {}
         self._ms: dict[tuple[int, int], float] = {}
         self._narrowest: dict[int, int] = {}  # per batch bucket, the narrowest measured width
         self._widest: dict[int, int] = {}
@@ -37,6 +43,7 @@ class StepCosts:
             self._widest[key[0]] = width
         old = self._ms.get(key)
         self._ms[key] = ms if old is None else old + self.alpha * (ms - old)
+        self._n[key] = self._n.get(key, 0) + 1
         self.observed += 1
         self.last = (batch, width, ms)
 
@@ -50,7 +57,12 @@ class StepCosts:
         for w in range(width, 0, -1):
             value = ms.get((bucket, w))
             if value is not None:
-                return value
+                n = self._n[bucket, w]
+                if w == 1 or n >= self.settle:
+                    return value
+                one = self.one_token_ms(batch)
+                assert one is not None  # a cell of this bucket is measured
+                return (n * value + (self.settle - n) * one * self.prior_ratio(w)) / self.settle
         return None
 
     def prior_ratio(self, width: int) -> float:

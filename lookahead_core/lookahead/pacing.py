@@ -1,29 +1,43 @@
-"""How wide each step is: per request plain, candidates only, or the whole lookahead step, and
-for the batch the width that buys the most tokens per unit of step cost."""
+"""How wide each step is: per request plain, the likeliest candidates only, or the whole lookahead
+step, and for the batch the width that buys the most tokens per unit of step cost."""
 from __future__ import annotations
 
+import bisect
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class StepKind(enum.IntEnum):
     PLAIN = 0  # the last token only
-    VERIFY = 1  # the last token and the candidate tree, no lookahead window
+    VERIFY = 1  # the last token and the candidate tree's likeliest rows, no lookahead window
     FULL = 2  # the last token, the window and the candidate tree
 
 
-Menu = dict[StepKind, tuple[int, float]]  # kind -> (step width, expected tokens)
+class Option(NamedTuple):
+    """One way a request can run a step: its kind, its width, the tokens it is expected to yield,
+    and for VERIFY how many of the tree's likeliest rows it keeps."""
+
+    kind: StepKind
+    width: int
+    tokens: float
+    rows: int | None = None  # None: the whole tree
+
+
+Menu = list[Option]
 
 
 @dataclass(frozen=True)
 class StepChoice:
     """The kind a request runs this step. `to_beat`: set on a retry of a kind not usually taken,
-    the yield it must reach to count as a win."""
+    the yield it must reach to count as a win. `rows`: the tree rows a VERIFY step keeps (its
+    likeliest), None for all."""
 
     kind: StepKind
     copied: bool = False  # prompt lookup offered a candidate
     to_beat: float | None = None
+    rows: int | None = None
 
 
 def batch_width(menus: Sequence[Menu], ratio: Callable[[int], float], floor: int = 1,
@@ -32,13 +46,26 @@ def batch_width(menus: Sequence[Menu], ratio: Callable[[int], float], floor: int
 
     Rows are padded to the widest, so a step's cost is set by its widest row and every row up to
     that width rides for free. For each width W on offer (at least `floor`, the widest row of
-    requests that do not pace), every request takes its most productive kind no wider than W; the
-    W with the most expected tokens per unit of cost (`ratio(W)`: against a one-token step) wins,
-    the narrower on a tie. `fits_slo(W, tokens per row)` may rule out widths above the floor.
+    requests that do not pace), every request takes its most productive option no wider than W;
+    the W with the most expected tokens per unit of cost (`ratio(W)`: against a one-token step)
+    wins, the narrower on a tie. `fits_slo(W, tokens per row)` may rule out widths above the floor.
     """
+    # per menu: its widths ascending and the most tokens an option up to each width yields
+    ladders = []
+    for menu in menus:
+        opts = sorted(menu, key=lambda o: o.width)
+        widths, best, top = [], [], 1.0
+        for o in opts:
+            top = max(top, o.tokens)
+            widths.append(o.width)
+            best.append(top)
+        ladders.append((widths, best))
     best_w, best_rate = floor, -1.0
-    for w in sorted({width for menu in menus for width, _ in menu.values() if width >= floor} | {floor}):
-        total = sum(max((e for width, e in menu.values() if width <= w), default=1.0) for menu in menus)
+    for w in sorted({o.width for menu in menus for o in menu if o.width >= floor} | {floor}):
+        total = 0.0
+        for widths, best in ladders:
+            i = bisect.bisect_right(widths, w)
+            total += best[i - 1] if i else 1.0
         if w > floor and fits_slo is not None and menus and not fits_slo(w, total / len(menus)):
             continue
         rate = total / ratio(w)
@@ -48,58 +75,55 @@ def batch_width(menus: Sequence[Menu], ratio: Callable[[int], float], floor: int
 
 
 class StepPacer:
-    """One request's expected tokens per step kind, learned from its own steps.
+    """One request's expected tokens from a whole (FULL) step, learned from its own steps.
 
-    A kind yields the tokens the request has been accepting on its steps: a running mean per
-    (kind, whether prompt lookup offered a candidate), since a copied run is accepted far more
-    often than a pooled n-gram. A kind not taken is retried after `min_interval` steps when it
-    fits; the interval doubles up to `max_interval` while retries lose, so what stopped paying
-    costs at most one wide step in `max_interval`, and what pays again is found.
+    A VERIFY step's yield is known before it runs, from how often rows like its tree's are
+    accepted (`Sequence.offer`). A FULL step also feeds the window, whose worth shows only in
+    later candidates, so its yield is a running mean per whether prompt lookup offered a
+    candidate (a copied run is accepted far more often than a pooled n-gram). When FULL is not
+    taken it is retried after `min_interval` steps where it fits; the interval doubles up to
+    `max_interval` while retries lose, so a window that stopped paying costs at most one wide
+    step in `max_interval`, and one that pays again is found.
     """
 
     def __init__(self, prior: float = 2.0, alpha: float = 0.25, min_interval: int = 4, max_interval: int = 64) -> None:
         self.alpha = alpha
         self.min_interval, self.max_interval = min_interval, max_interval
-        # priors above break-even, so each kind gets tried
-        self.yields = {(k, c): prior for k in (StepKind.VERIFY, StepKind.FULL) for c in (False, True)}
-        self.interval = {k: min_interval for k in (StepKind.VERIFY, StepKind.FULL)}
-        self.idle = {k: 0 for k in (StepKind.VERIFY, StepKind.FULL)}
+        self.yields = {c: prior for c in (False, True)}  # FULL's, above break-even so it gets tried
+        self.interval = min_interval
+        self.idle = 0
 
-    def menu(self, widths: dict[StepKind, int], copied: bool) -> Menu:
-        """Each kind on offer (`widths`; PLAIN, 1 wide, always is) with the tokens it is expected to yield."""
-        menu = {StepKind.PLAIN: (1, 1.0)}
-        for kind, width in widths.items():
-            if kind is not StepKind.PLAIN:
-                menu[kind] = (width, self.yields[kind, copied])
+    def menu(self, full_width: int | None, verify: Sequence[tuple[int, float]], copied: bool) -> Menu:
+        """PLAIN, each VERIFY option (tree rows kept, expected tokens) and FULL at `full_width`."""
+        menu = [Option(StepKind.PLAIN, 1, 1.0)]
+        menu += [Option(StepKind.VERIFY, 1 + rows, tokens, rows) for rows, tokens in verify]
+        if full_width is not None:
+            menu.append(Option(StepKind.FULL, full_width, self.yields[copied]))
         return menu
 
     def pick(self, menu: Menu, copied: bool, cap: int, ratio: Callable[[int], float], widen: bool = False) -> StepChoice:
-        """The most productive kind no wider than `cap`, or a due retry that fits (`widen`: even
-        one that does not, for a request alone in its step)."""
-        fits = [k for k, (w, _) in menu.items() if w <= cap]
-        best = max(fits, key=lambda k: (menu[k][1], -menu[k][0]))
-        choice = StepChoice(best, copied)
-        for kind in (StepKind.FULL, StepKind.VERIFY):
-            if kind in menu and kind is not best and self.idle[kind] >= self.interval[kind] and (widen or menu[kind][0] <= cap):
-                # the retry must beat what it displaced at the retry's own cost
-                to_beat = menu[best][1] * ratio(menu[kind][0]) / ratio(menu[best][0])
-                choice = StepChoice(kind, copied, to_beat)
-                break
-        for kind in self.idle:
-            self.idle[kind] = 0 if kind is choice.kind else self.idle[kind] + 1
+        """The most productive option no wider than `cap`, or a due FULL retry that fits
+        (`widen`: even one that does not, for a request alone in its step)."""
+        best = max((o for o in menu if o.width <= cap), key=lambda o: (o.tokens, -o.width))
+        choice = StepChoice(best.kind, copied, rows=best.rows)
+        full = next((o for o in menu if o.kind is StepKind.FULL), None)
+        if full is not None and best.kind is not StepKind.FULL and self.idle >= self.interval and (widen or full.width <= cap):
+            # the retry must beat what it displaced at the retry's own cost
+            choice = StepChoice(StepKind.FULL, copied, best.tokens * ratio(full.width) / ratio(best.width))
+        self.idle = 0 if choice.kind is StepKind.FULL else self.idle + 1
         return choice
 
-    def choose(self, widths: dict[StepKind, int], copied: bool, ratio: Callable[[int], float]) -> StepChoice:
+    def choose(self, full_width: int | None, verify: Sequence[tuple[int, float]], copied: bool,
+               ratio: Callable[[int], float]) -> StepChoice:
         """Pick alone, as the only row of a step."""
-        menu = self.menu(widths, copied)
+        menu = self.menu(full_width, verify, copied)
         return self.pick(menu, copied, batch_width([menu], ratio), ratio, widen=True)
 
     def update(self, choice: StepChoice, tokens: int) -> None:
         """What a step of `choice` yielded: `tokens` accepted, bonus included."""
-        if choice.kind is StepKind.PLAIN:
+        if choice.kind is not StepKind.FULL:
             return
-        key = (choice.kind, choice.copied)
-        self.yields[key] += self.alpha * (tokens - self.yields[key])
+        self.yields[choice.copied] += self.alpha * (tokens - self.yields[choice.copied])
         if choice.to_beat is not None:
-            won = self.yields[key] > choice.to_beat
-            self.interval[choice.kind] = self.min_interval if won else min(2 * self.interval[choice.kind], self.max_interval)
+            won = self.yields[choice.copied] > choice.to_beat
+            self.interval = self.min_interval if won else min(2 * self.interval, self.max_interval)

@@ -34,10 +34,12 @@ class CandidateTree:
         self.depth = np.zeros(max_rows, dtype=np.int64)
         self.source = np.zeros(max_rows, dtype=np.int64)
         self.tag = np.zeros(max_rows, dtype=np.int64)  # the source's own label of the row (a template node)
+        self.parent = np.zeros(max_rows, dtype=np.int64)  # the parent row, -1 under the last token
         self.visible = np.zeros((max_rows, max_rows), dtype=bool)
         self.size = 0
         self.candidates: list[tuple[int, ...]] = []  # as kept: deduplicated, cut to the budget
         self.paths: list[list[int]] = []  # the rows of each kept candidate
+        self._labels: list[tuple[Source, int]] = []  # each kept candidate's source and tag
         self._children: list[dict[int, int]] = [{}]  # node 0 is the root (the last token); row = node - 1
 
     def build(self, candidates: Sequence[Sequence[int]], budget: int | None = None,
@@ -48,7 +50,7 @@ class CandidateTree:
         budget = self.max_rows if budget is None else min(budget, self.max_rows)
         self.visible[: self.size, : self.size] = False
         self.size = 0
-        self.candidates, self.paths = [], []
+        self.candidates, self.paths, self._labels = [], [], []
         children = self._children = [{}]
         seen: set[tuple[int, ...]] = set()
         for i, cand in enumerate(candidates):
@@ -69,6 +71,7 @@ class CandidateTree:
                     self.depth[row] = len(path) + 1
                     self.source[row] = src
                     self.tag[row] = -1 if tags is None else tags[i]
+                    self.parent[row] = node - 1
                     if node:
                         self.visible[row, : row] = self.visible[node - 1, : row]
                     self.visible[row, row] = True
@@ -79,7 +82,23 @@ class CandidateTree:
                 seen.add(kept)
                 self.candidates.append(kept)
                 self.paths.append(path)
+                self._labels.append((src, -1 if tags is None else tags[i]))
         return self.size
+
+    def keep(self, rows: Sequence[int] | np.ndarray) -> int:
+        """Rebuild with only these rows, which must hold every kept row's parent; return the size."""
+        kept = np.zeros(self.size, dtype=bool)
+        kept[np.asarray(rows, dtype=np.int64)] = True
+        cands, sources, tags = [], [], []
+        for cand, path, (src, tag) in zip(self.candidates, self.paths, self._labels):
+            n = 0
+            while n < len(path) and kept[path[n]]:
+                n += 1
+            if n:
+                cands.append(cand[:n])
+                sources.append(src)
+                tags.append(tag)
+        return self.build(cands, sources=sources, tags=tags)
 
     def walk_greedy(self, predictions: Sequence[int], row0: int) -> tuple[list[int], list[int]]:
         """Follow the model's argmax down the tree: (tree rows accepted, accepted tokens + bonus).

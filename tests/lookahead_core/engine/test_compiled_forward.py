@@ -2,10 +2,15 @@
 logits and the same KV writes, in two buckets (one padded to a kv bucket, one to the cache's
 capacity), a bucket reused without recompiling, and steps outside every bucket run eagerly; and
 the engine on it: compiled before the first step ("on") or in the background ("auto")."""
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from lookahead_core.engine.compiled_forward import Bucket, CompiledForward
+from lookahead_core.engine.compiled_forward import Bucket, CompiledForward, CompileThrottle
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.kv_cache import BatchKVCache
@@ -204,3 +209,42 @@ def test_engine_cuda_graph_buckets_give_eager_tokens():
     for _ in range(2):
         assert _serve(engine, PROMPTS, modes) == eager
     assert all(b["ready"] and b["calls"] > 1 for b in engine.compile_status())
+
+
+def _progress_while_busy(share: float, seconds: float = 1.2) -> tuple[int, int]:
+    """Calls a throttled Python thread makes while an 'engine' steps every 2 ms, then once idle."""
+    owner = SimpleNamespace(busy=True, beat=0)
+    counts, done = [0, 0], threading.Event()
+
+    def work():
+        sys.settrace(CompileThrottle(owner, share))
+        while not done.is_set():
+            _noop()  # a Python call: where the throttle may pause this thread
+            counts[0 if owner.busy else 1] += 1
+
+    def _noop():
+        return None
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        owner.beat += 1
+        time.sleep(0.002)
+    busy_calls = counts[0]
+    owner.busy = False  # idle: the thread runs freely
+    time.sleep(0.3)
+    done.set()
+    t.join(5)
+    return busy_calls, counts[1]
+
+
+def test_background_compile_takes_its_share_while_the_engine_steps():
+    """With share 0 a compile thread makes no progress while the engine has requests; with a share
+    it keeps going (a replica that is never idle still gets compiled) but in turns."""
+    waiting, idle = _progress_while_busy(0.0)
+    assert waiting == 0 and idle > 0
+    shared, idle = _progress_while_busy(0.25)
+    assert shared > 0 and idle > 0
+    # 1.2 s busy at a quarter share against 0.3 s free: about equal work (unthrottled: 4x)
+    assert 0.3 < shared / idle < 2.5, (shared, idle)

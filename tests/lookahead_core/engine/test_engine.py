@@ -251,8 +251,8 @@ def test_history_of_finished_text_speeds_up_a_repeat_and_keeps_it_exact(setup, h
 
 
 def test_successor_nodes_that_do_not_earn_their_row_are_left_out(setup):
-    """The planner prices one more row from measured step costs; template nodes accepted less
-    often than that price leave the tree, and the output stays exact."""
+    """The planner prices one more row from measured step costs; tree rows accepted less often
+    than that price leave a whole step, and the output stays exact."""
     model, cases = setup
     engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=0))
     prompt, ref, _ = cases[0]
@@ -265,6 +265,34 @@ def test_successor_nodes_that_do_not_earn_their_row_are_left_out(setup):
         proposed.append(stats.proposed.get("successors", 0) / stats.steps)
     rates = engine.successors.rates()[:16]
     assert (rates < 0.05).any() and 0 < proposed[2] < proposed[1]
+
+
+def test_where_only_a_second_row_is_cheap_steps_verify_the_likeliest_row(setup):
+    """Measured costs held still: two rows cost 1.05 one-token steps, more cost 2. A paced request
+    whose successor table knows its text then verifies its one likeliest tree row most steps (width
+    2), accepts it often, and stays exact."""
+    model, cases = setup
+    costs = StepCosts(alpha=1e-9, settle=1)
+    costs.observe(1, 1, 10.0)
+    costs.observe(1, 2, 10.5)
+    for width in range(3, 64):
+        costs.observe(1, width, 20.0)
+    engine = Engine(ModelRunner(model, costs), EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=0,
+                                                            history_tokens=0))
+    prompt, ref, _ = cases[0]
+    params = LookaheadParams(3, 2, 2, lookup=0)
+    assert _run_alone(engine, 0, prompt, params)[0] == ref  # fills the table
+    engine.add_request(req(1, prompt, MAX_NEW, params))
+    tokens, steps, stats = [], [], None
+    while engine.has_work():
+        for out in engine.step():
+            tokens += out.tokens
+            steps.append((out.kind, out.width))
+            stats = out.stats or stats
+    assert tokens == ref
+    verify = [width for kind, width in steps if kind is StepKind.VERIFY]
+    assert set(verify) == {2} and len(verify) >= 0.7 * len(steps)  # the rest: the window's retries
+    assert stats.steps < 0.8 * len(ref) and stats.accepted_from["successors"] > 0
 
 
 def test_only_the_tail_of_a_finished_request_joins_the_shared_pool(setup):
@@ -287,7 +315,7 @@ def test_a_batch_steps_as_wide_as_pays_and_stays_exact(setup, wide_cost):
     wide step costs 3 one-token steps, no row can pay for the whole batch and every step is one
     token wide; where width is nearly free, rows run whole steps and accept long blocks."""
     model, cases = setup
-    costs = StepCosts(alpha=1e-9)
+    costs = StepCosts(alpha=1e-9, settle=1)
     for batch in (1, 2, 4):  # every width held, so the machine's real timings cannot move them
         costs.observe(batch, 1, 10.0)
         for width in range(2, 64):

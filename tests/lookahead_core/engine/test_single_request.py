@@ -67,7 +67,8 @@ def test_every_step_kind_stays_exact(model_and_cases):
 
     class Cycling(StepPlanner):
         def plan(self, offers, waiting=0):
-            return [StepChoice(k if (k := next(kinds)) in o.menu else StepKind.PLAIN) for o in offers]
+            wanted = [next(kinds) for _ in offers]
+            return [StepChoice(k if any(opt.kind is k for opt in o.menu) else StepKind.PLAIN) for k, o in zip(wanted, offers)]
 
     model, cases = model_and_cases
     seen = set()

@@ -12,7 +12,7 @@ def test_prior_before_anything_is_measured():
 
 
 def test_ratio_is_measured_per_batch_bucket():
-    costs = StepCosts(alpha=1.0)
+    costs = StepCosts(alpha=1.0, settle=1)
     costs.observe(1, 1, 10.0)
     costs.observe(1, 9, 20.0)
     costs.observe(4, 1, 30.0)
@@ -23,7 +23,7 @@ def test_ratio_is_measured_per_batch_bucket():
 
 
 def test_an_unmeasured_width_costs_what_the_widest_narrower_one_costs():
-    costs = StepCosts(alpha=1.0)
+    costs = StepCosts(alpha=1.0, settle=1)
     costs.observe(1, 1, 10.0)
     costs.observe(1, 5, 15.0)
     assert costs.ratio(1, 4) == 1.0  # optimistic: it gets tried, then measured
@@ -33,7 +33,7 @@ def test_an_unmeasured_width_costs_what_the_widest_narrower_one_costs():
 
 
 def test_the_estimate_follows_a_drifting_cost():
-    costs = StepCosts(alpha=0.1)
+    costs = StepCosts(alpha=0.1, settle=1)
     for _ in range(50):
         costs.observe(1, 1, 10.0)
         costs.observe(1, 9, 12.0)
@@ -45,16 +45,27 @@ def test_the_estimate_follows_a_drifting_cost():
 
 
 def test_a_ratio_is_never_below_one():
-    costs = StepCosts(alpha=1.0)
+    costs = StepCosts(alpha=1.0, settle=1)
     costs.observe(2, 1, 10.0)
     costs.observe(2, 3, 9.0)  # timing noise
     assert costs.ratio(2, 3) == 1.0
 
 
 def test_row_price_is_the_mean_slope_up_to_the_widest_measured_step():
-    c = StepCosts(alpha=1.0)
+    c = StepCosts(alpha=1.0, settle=1)
     assert c.row_price(1) == 0.0  # nothing wide measured: every row is worth a try
     c.observe(1, 1, 40.0)
     c.observe(1, 17, 120.0)
     assert c.row_price(1) == (120.0 / 40.0 - 1.0) / 16
     assert c.row_price(4) == 0.0  # another batch bucket
+
+
+def test_a_width_tried_only_a_few_times_is_priced_between_its_timings_and_the_prior():
+    c = StepCosts(alpha=1.0, prior_slope=0.0, settle=4)
+    c.observe(1, 1, 10.0)
+    c.observe(1, 2, 20.0)  # one slow forward: not yet the price of width 2
+    assert c.ratio(1, 2) == (20.0 + 3 * 10.0) / 4 / 10.0
+    for _ in range(3):
+        c.observe(1, 2, 20.0)
+    assert c.ratio(1, 2) == 2.0  # tried four times: its own timing
+    assert c.ratio(1, 1) == 1.0

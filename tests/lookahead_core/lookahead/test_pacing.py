@@ -1,34 +1,35 @@
-from lookahead_core.lookahead.pacing import StepKind, StepPacer, batch_width
+from lookahead_core.lookahead.pacing import Option, StepKind, StepPacer, batch_width
 
-WIDE = {StepKind.FULL: 9, StepKind.VERIFY: 5}
+P, V, F = StepKind.PLAIN, StepKind.VERIFY, StepKind.FULL
+FULL_WIDTH = 9
 
 
-def _run(pacer, steps, tokens_of, ratio_of, copied=False):
+def _run(pacer, steps, tokens_of, ratio_of, copied=False, verify=()):
     kinds = []
     for _ in range(steps):
-        choice = pacer.choose(WIDE, copied, ratio_of)
+        choice = pacer.choose(FULL_WIDTH, verify, copied, ratio_of)
         kinds.append(choice.kind)
         pacer.update(choice, tokens_of(choice.kind))
     return kinds
 
 
 def test_cheap_wide_steps_that_pay_stay_full():
-    kinds = _run(StepPacer(), 100, lambda k: 3 if k is StepKind.FULL else 1, lambda w: 1.0 + 0.02 * (w - 1))
-    assert kinds[10:].count(StepKind.FULL) >= 85
+    kinds = _run(StepPacer(), 100, lambda k: 3 if k is F else 1, lambda w: 1.0 + 0.02 * (w - 1))
+    assert kinds[10:].count(F) >= 85
 
 
 def test_wide_steps_that_do_not_pay_turn_plain_with_rarer_probes():
     kinds = _run(StepPacer(), 400, lambda k: 1, lambda w: 2.0 if w > 1 else 1.0)
-    assert kinds[-300:].count(StepKind.PLAIN) >= 290
-    late_probes = [i for i, k in enumerate(kinds) if k is not StepKind.PLAIN and i >= 200]
-    assert len(late_probes) <= 2 * 200 // 64 + 2  # each kind tried about once every max_interval steps
+    assert kinds[-300:].count(P) >= 290
+    late_probes = [i for i, k in enumerate(kinds) if k is not P and i >= 200]
+    assert len(late_probes) <= 200 // 64 + 2  # the window tried about once every max_interval steps
 
 
 def test_a_request_whose_text_starts_paying_widens_again():
     pacer = StepPacer()
     _run(pacer, 200, lambda k: 1, lambda w: 1.5 if w > 1 else 1.0)
-    kinds = _run(pacer, 300, lambda k: 4 if k is StepKind.FULL else 1, lambda w: 1.5 if w > 1 else 1.0)
-    assert kinds[-100:].count(StepKind.FULL) >= 90
+    kinds = _run(pacer, 300, lambda k: 4 if k is F else 1, lambda w: 1.5 if w > 1 else 1.0)
+    assert kinds[-100:].count(F) >= 90
 
 
 def test_copied_runs_are_judged_apart_from_pooled_ngrams():
@@ -39,18 +40,36 @@ def test_copied_runs_are_judged_apart_from_pooled_ngrams():
 
     for step in range(300):
         copied = step % 2 == 0
-        choice = pacer.choose(WIDE, copied, ratio)
-        pacer.update(choice, 4 if copied and choice.kind is StepKind.VERIFY else 1)
-    assert pacer.choose(WIDE, True, ratio).kind is StepKind.VERIFY
-    assert pacer.choose(WIDE, False, ratio).kind is StepKind.PLAIN
+        choice = pacer.choose(FULL_WIDTH, (), copied, ratio)
+        pacer.update(choice, 4 if copied and choice.kind is F else 1)
+    assert pacer.choose(FULL_WIDTH, (), True, ratio).kind is F
+    assert pacer.choose(FULL_WIDTH, (), False, ratio).kind is P
+
+
+def test_verify_keeps_the_rows_whose_expected_tokens_pay_for_their_width():
+    """Each VERIFY option is (rows, expected tokens); the width that buys the most per cost wins."""
+    verify = [(1, 1.30), (2, 1.45), (3, 1.50)]
+    pacer = StepPacer(prior=1.0)  # a window that has not paid
+    pacer.idle = -1000  # no retry due
+
+    def sloped(w):  # each row 10% of a one-token step
+        return 1.0 + 0.1 * (w - 1)
+
+    choice = pacer.choose(FULL_WIDTH, verify, False, sloped)
+    assert (choice.kind, choice.rows) == (V, 2)  # 1.45 / 1.2 beats 1.3 / 1.1 and 1.5 / 1.3
+    assert pacer.choose(FULL_WIDTH, verify, False, lambda w: 2.0 if w > 1 else 1.0).kind is P
+    assert pacer.choose(FULL_WIDTH, verify, False, lambda w: 1.0).rows == 3  # free width: every row
+    pacer.update(choice, 5)  # a VERIFY step's yield teaches the window nothing
+    assert pacer.yields == {False: 1.0, True: 1.0}
 
 
 def test_only_the_kinds_on_offer_are_chosen():
     pacer = StepPacer()
     for _ in range(50):
-        choice = pacer.choose({StepKind.FULL: 5}, False, lambda w: 1.0)
-        assert choice.kind in (StepKind.FULL, StepKind.PLAIN)
+        choice = pacer.choose(5, (), False, lambda w: 1.0)
+        assert choice.kind in (F, P)
         pacer.update(choice, 1)
+    assert pacer.choose(None, [(2, 1.5)], False, lambda w: 1.0).kind is V
 
 
 def test_the_batch_width_pays_for_the_tokens_of_every_row():
@@ -60,20 +79,21 @@ def test_the_batch_width_pays_for_the_tokens_of_every_row():
     def steep(w):  # every wide step costs two
         return 1.0 if w == 1 else 2.0
 
-    P, F, V = StepKind.PLAIN, StepKind.FULL, StepKind.VERIFY
-    one_keen = [{P: (1, 1.0), F: (9, 3.0)}] + [{P: (1, 1.0), F: (9, 1.1)}] * 15
+    def menu(*options):
+        return [Option(P, 1, 1.0), *(Option(k, w, t) for k, w, t in options)]
+
+    one_keen = [menu((F, 9, 3.0))] + [menu((F, 9, 1.1))] * 15
     # Alone, a request at 3 tokens for 2x pays; in a batch of 16 it would slow 15 others.
     assert batch_width(one_keen[:1], steep) == 9
     assert batch_width(one_keen, steep) == 1
     assert batch_width(one_keen, flat) == 9
-    all_keen = [{P: (1, 1.0), V: (5, 3.0), F: (9, 3.0)}] * 16
+    all_keen = [menu((V, 5, 3.0), (F, 9, 3.0))] * 16
     assert batch_width(all_keen, steep) == 5  # the same cost, fewer rows: the narrower on a tie
-    assert batch_width([{P: (1, 1.0), F: (9, 3.0)}], steep, floor=12) == 12  # a row that does not pace sets the floor
+    assert batch_width([menu((F, 9, 3.0))], steep, floor=12) == 12  # a row that does not pace sets the floor
 
 
 def test_the_tpot_slo_caps_the_width():
-    P, F = StepKind.PLAIN, StepKind.FULL
-    menus = [{P: (1, 1.0), F: (9, 1.5)}] * 4
+    menus = [[Option(P, 1, 1.0), Option(F, 9, 1.5)]] * 4
 
     def flat(w):
         return 1.0 + 0.01 * (w - 1)
@@ -91,9 +111,9 @@ def test_the_tpot_slo_caps_the_width():
 def test_a_row_takes_its_best_kind_within_the_batch_width_and_retries_only_when_it_fits():
     pacer = StepPacer()
     for _ in range(20):
-        menu = pacer.menu(WIDE, False)
+        menu = pacer.menu(FULL_WIDTH, [(4, 1.2)], False)
         choice = pacer.pick(menu, False, 1, lambda w: 2.0 if w > 1 else 1.0)
-        assert choice.kind is StepKind.PLAIN  # retries are due, but a wider step would cost the batch
+        assert choice.kind is P  # a retry is due, but a wider step would cost the batch
         pacer.update(choice, 1)
-    menu = pacer.menu(WIDE, False)
-    assert pacer.pick(menu, False, 9, lambda w: 1.0).kind in (StepKind.FULL, StepKind.VERIFY)  # width already paid for
+    menu = pacer.menu(FULL_WIDTH, [(4, 1.2)], False)
+    assert pacer.pick(menu, False, 9, lambda w: 1.0).kind is F  # width already paid for

@@ -207,7 +207,8 @@ def test_engine_lookahead_sampling_follows_the_model_distribution(model, logits_
 
 class VerifyOnly(StepPlanner):
     def plan(self, offers, waiting=0):
-        return [StepChoice(StepKind.VERIFY if StepKind.VERIFY in o.menu else StepKind.PLAIN) for o in offers]
+        return [StepChoice(StepKind.VERIFY if any(opt.kind is StepKind.VERIFY for opt in o.menu) else StepKind.PLAIN)
+                for o in offers]
 
 
 def test_steps_without_the_window_sample_the_model_distribution(model, logits_table):

@@ -1,6 +1,6 @@
 import numpy as np
 
-from lookahead_core.lookahead.tree import CandidateTree
+from lookahead_core.lookahead.tree import CandidateTree, Source
 
 # step rows: 0 = last token, tree rows from step row 1 on
 ROW0 = 1
@@ -67,3 +67,16 @@ def test_walk_breaks_where_the_model_disagrees():
     # rows start after a 4-row window
     preds = [5, 0, 0, 0, 0, 6, 8, 0]
     assert tree.walk_greedy(preds, 5) == ([0, 1], [5, 6, 8])
+
+
+def test_keep_rebuilds_with_the_chosen_rows_and_their_labels():
+    tree = CandidateTree(16)
+    tree.build([(5, 6, 7), (5, 8), (9,)], sources=[Source.LOOKUP, Source.POOL, Source.SUCCESSORS], tags=[-1, -1, 3])
+    assert tree.size == 5 and tree.parent[:5].tolist() == [-1, 0, 1, 0, -1]
+    assert tree.keep([0, 3, 4]) == 3  # 5, 5->8, 9: the rows kept, parents included
+    assert tree.candidates == [(5,), (5, 8), (9,)]
+    assert tree.tokens[:3].tolist() == [5, 8, 9] and tree.depth[:3].tolist() == [1, 2, 1]
+    assert tree.source[:3].tolist() == [Source.LOOKUP, Source.POOL, Source.SUCCESSORS]
+    assert tree.tag[:3].tolist() == [-1, -1, 3] and tree.parent[:3].tolist() == [-1, 0, -1]
+    assert tree.visible[:3, :3].tolist() == [[True, False, False], [True, True, False], [False, False, True]]
+    assert tree.walk_greedy([5, 8, 0, 0, 1], 1) == ([0, 1], [5, 8, 0])

@@ -1,0 +1,176 @@
+"""The one load-generation client: a streamed `/generate` request timed token by token, closed-loop
+users, and percentiles. `benchmarks.bench_http`, the cluster runs and the locust file use it."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from lookahead_core.serving import sse
+
+
+def read_prompts(spec: str, count: int | None = None) -> list[str]:
+    """Prompts from a JSONL file (`{"prompt": ...}` per line) or a set name under benchmarks/prompts;
+    with `count`, that many spread evenly over the file."""
+    path = Path(spec) if spec.endswith(".jsonl") else Path(__file__).resolve().parent.parent / "benchmarks" / "prompts" / f"{spec}.jsonl"
+    lines = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+    if count is None:
+        return lines
+    return lines[:: max(len(lines) // count, 1)][:count]
+
+
+def lookahead_field(spec: str) -> str | dict[str, int]:
+    """`auto`, `off` or "n,w,g" as /generate's `lookahead` field."""
+    if spec in ("auto", "off"):
+        return spec
+    n, w, g = (int(x) for x in spec.split(","))
+    return {"n": n, "w": w, "g": g}
+
+
+def generate_body(prompt: str, *, chat: bool, max_new_tokens: int, lookahead: str | dict = "auto",
+                  temperature: float = 0.0) -> dict[str, Any]:
+    """A streamed /generate body; `chat` sends the prompt as a user message (the chat template)."""
+    text: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+    return {**text, "max_new_tokens": max_new_tokens, "temperature": temperature, "lookahead": lookahead, "stream": True}
+
+
+def prompt_cycle(prompts: list[str], *, chat: bool, max_new_tokens: int, lookahead: str | dict = "auto",
+                 temperature: float = 0.0) -> Callable[[int, int], dict[str, Any]]:
+    """`body(user, k)`: user's k-th request, each user cycling through `prompts` from its own offset."""
+    def body(user: int, k: int) -> dict[str, Any]:
+        return generate_body(prompts[(user * 7 + k) % len(prompts)], chat=chat, max_new_tokens=max_new_tokens,
+                             lookahead=lookahead, temperature=temperature)
+    return body
+
+
+@dataclass
+class Outcome:
+    """One request as the client saw it; times from `time.time()`."""
+    start: float
+    end: float = 0.0
+    status: int = 0                 # HTTP status; a mid-stream error keeps 200 and sets error
+    tokens: int = 0                 # token ids received
+    first: float | None = None      # when the first token arrived
+    last: float | None = None       # when the last token arrived
+    summary: dict | None = None     # the final event: usage, finish_reason, lookahead
+    error: str | None = None        # the server's message, or the client's timeout/connection error
+    user: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.summary is not None and self.error is None
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.start
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first is None else self.first - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        """Seconds per output token after the first."""
+        if self.first is None or self.last is None or self.tokens < 2:
+            return None
+        return (self.last - self.first) / (self.tokens - 1)
+
+
+def read_stream(out: Outcome, lines: Iterable[bytes | str], clock: Callable[[], float] = time.time) -> Outcome:
+    """Fill `out` from /generate's SSE lines: token times, the summary, or the error event."""
+    for event in sse.events(lines):
+        if event == sse.DONE:
+            break
+        if "error" in event:  # e.g. the replica died mid-stream: the HTTP status stays 200
+            out.error = event["error"].get("message") or json.dumps(event["error"])
+            break
+        if event.get("done"):
+            out.summary = event
+        elif event.get("token_ids"):
+            now = clock()
+            out.first = now if out.first is None else out.first
+            out.last = now
+            out.tokens += len(event["token_ids"])
+    if out.summary is None and out.error is None:
+        out.error = "the stream ended without its summary"
+    out.end = clock()
+    return out
+
+
+def generate(url: str, body: dict, timeout_s: float = 600, user: int = 0,
+             session: requests.Session | None = None) -> Outcome:
+    """POST a streamed body to `url`/generate and time it; never raises for HTTP or network errors."""
+    out = Outcome(start=time.time(), user=user)
+    try:
+        with (session or requests).post(url + "/generate", json=body, stream=True, timeout=timeout_s) as r:
+            out.status = r.status_code
+            if r.status_code != 200:
+                try:
+                    out.error = r.json().get("error", {}).get("message", r.text)
+                except ValueError:
+                    out.error = r.text[:200]
+                out.end = time.time()
+                return out
+            return read_stream(out, r.iter_lines())
+    except requests.RequestException as exc:
+        out.error, out.end = f"client: {type(exc).__name__}: {exc}", time.time()
+        return out
+
+
+@dataclass
+class ClosedLoop:
+    """`users` threads, each sending its next request as soon as the last one ends, until `stop()`
+    or the deadline given to `run`. `body(user, k)` gives user's k-th request body."""
+    url: str
+    users: int
+    body: Callable[[int, int], dict]
+    timeout_s: float = 600
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._deadline = float("inf")
+        self._threads = [threading.Thread(target=self._loop, args=(u,), daemon=True) for u in range(self.users)]
+
+    def _loop(self, user: int) -> None:
+        k = 0
+        with requests.Session() as session:
+            while not self._stop.is_set() and time.time() < self._deadline:
+                out = generate(self.url, self.body(user, k), self.timeout_s, user, session)
+                k += 1
+                with self._lock:
+                    self.outcomes.append(out)
+
+    def start(self) -> ClosedLoop:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, join_timeout_s: float = 180) -> list[Outcome]:
+        """Stop sending; wait for the requests in flight (each bounded by its own timeout)."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(join_timeout_s)
+        with self._lock:
+            return list(self.outcomes)
+
+    def run(self, duration_s: float) -> list[Outcome]:
+        """Send for `duration_s`, then wait for the last requests to end."""
+        self._deadline = time.time() + duration_s
+        self.start()
+        for t in self._threads:
+            t.join()
+        return list(self.outcomes)
+
+
+def percentiles(values: Iterable[float | None], qs: Iterable[int] = (50, 95)) -> dict[str, float | None]:
+    """Nearest-rank percentiles of the values that are not None."""
+    s = sorted(v for v in values if v is not None)
+    return {f"p{q}": round(s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))], 4) if s else None for q in qs}

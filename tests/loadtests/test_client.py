@@ -1,0 +1,60 @@
+"""The one load client: stream timing and outcomes from /generate's SSE, closed-loop bodies, percentiles;
+against the session's real Serve app, a streamed request and a refused one."""
+import json
+
+from loadtests.client import Outcome, generate, generate_body, lookahead_field, percentiles, prompt_cycle, read_stream
+from lookahead_core.serving import sse
+
+
+def lines(*events) -> list[bytes]:
+    out = []
+    for e in events:
+        out += (sse.DONE_EVENT if e == sse.DONE else sse.encode(e)).splitlines()
+    return out
+
+
+def ticking():
+    t = iter(range(100, 200))
+    return lambda: float(next(t))
+
+
+def test_a_stream_is_timed_token_by_token_and_keeps_its_summary():
+    summary = {"done": True, "usage": {"completion_tokens": 5}, "lookahead": {"compression": 2.5}}
+    out = read_stream(Outcome(start=99.0), lines({"token_ids": [1, 2], "text": "ab"}, {"token_ids": [3], "text": "c"},
+                                                 {"token_ids": [4, 5], "text": "de"}, summary, sse.DONE), clock=ticking())
+    assert out.ok and out.summary == summary and out.tokens == 5
+    assert (out.first, out.last, out.end) == (100.0, 102.0, 103.0)
+    assert out.ttft == 1.0 and out.latency == 4.0 and out.tpot == 2.0 / 4
+
+
+def test_an_error_event_or_a_missing_summary_is_a_failed_outcome():
+    err = read_stream(Outcome(start=0.0), lines({"token_ids": [1], "text": "a"},
+                                                {"error": {"status": 503, "message": "replica died"}}, sse.DONE))
+    assert not err.ok and err.error == "replica died" and err.tokens == 1
+    cut = read_stream(Outcome(start=0.0), lines({"token_ids": [1], "text": "a"}))
+    assert not cut.ok and "without its summary" in cut.error
+    assert Outcome(start=0.0).tpot is None
+
+
+def test_bodies_cycle_prompts_per_user_and_name_the_lookahead():
+    body = prompt_cycle(["p0", "p1", "p2"], chat=True, max_new_tokens=7, lookahead="off", temperature=1.0)
+    assert body(0, 0)["messages"] == [{"role": "user", "content": "p0"}] and body(0, 1)["messages"][0]["content"] == "p1"
+    assert body(1, 0)["messages"][0]["content"] == "p1"  # user 1 starts 7 prompts on
+    assert body(0, 0) | {"messages": None} == {"messages": None, "max_new_tokens": 7, "temperature": 1.0,
+                                                 "lookahead": "off", "stream": True}
+    assert generate_body("x", chat=False, max_new_tokens=1)["prompt"] == "x"
+    assert lookahead_field("3,2,2") == {"n": 3, "w": 2, "g": 2} and lookahead_field("auto") == "auto"
+
+
+def test_percentiles_are_nearest_rank_and_skip_missing_values():
+    assert percentiles([4.0, None, 1.0, 3.0, 2.0], (50, 100)) == {"p50": 3.0, "p100": 4.0}
+    assert percentiles([], (50,)) == {"p50": None}
+
+
+def test_a_real_stream_and_a_refusal(server):
+    out = generate(server, generate_body("def add(a, b):", chat=False, max_new_tokens=6))
+    assert out.ok and out.status == 200, out.error
+    assert out.tokens == out.summary["usage"]["completion_tokens"] == len(out.summary["token_ids"])
+    assert 0 < out.ttft <= out.latency
+    bad = generate(server, generate_body("x", chat=False, max_new_tokens=-1))
+    assert bad.status == 422 and not bad.ok and "max_new_tokens" in bad.error, json.dumps(bad.error)

@@ -22,9 +22,9 @@ install: $(VENV)/.installed
 test: install lint
 	$(PY) -m pytest -q
 
-# The fast tier: no Ray Serve, no local Ray cluster, no real SmolLM2 (tiers: tests/conftest.py).
+# The fast tier: no Ray Serve, no local Ray cluster, no real SmolLM2, no inductor compile (tiers: tests/conftest.py).
 test-fast: install
-	$(PY) -m pytest -q -m "not serve and not cluster and not slow"
+	$(PY) -m pytest -q -m "not serve and not cluster and not slow and not compile"
 
 # Lint and type-check: ruff over the whole tree, mypy over lookahead_core and deployments (pyproject.toml).
 lint: install

@@ -86,7 +86,8 @@ torch.set_num_threads(2)
 
 
 # Test tiers (markers registered in pyproject.toml): `make test-fast` runs `-m "not serve and not cluster
-# and not slow"`, `make test` runs everything. Set here by path and fixture, so test modules need no marks.
+# and not slow and not compile"`, `make test` runs everything. Set here by path and fixture, so test
+# modules need no marks; `compile` (an inductor compile) is marked on the few tests that compile.
 TESTS = Path(__file__).resolve().parent
 # Modules under tests/deployments/ and tests/loadtests/ that start no Ray (config, schema, guard,
 # protocol and policy arithmetic; SLO, shape, report and stream-parsing helpers): they stay in the fast tier.

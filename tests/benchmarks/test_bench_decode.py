@@ -1,6 +1,8 @@
 """bench_decode end to end on a saved tiny model, offline: peers, identity columns, first differences."""
 import json
 
+import pytest
+
 from benchmarks import bench_decode
 
 
@@ -41,6 +43,7 @@ def test_first_difference():
     assert bench_decode.first_difference([1, 2], [1, 2, 3]) == 2
 
 
+@pytest.mark.compile
 def test_compiled_greedy_peer_matches_hf_greedy_and_stops_at_eos():
     """The compiled decode step (StaticCache, inductor freezing) gives HF eager greedy's tokens on
     prompts of two lengths, reuses its one graph after a cache reset, and stops at EOS as HF does."""
@@ -68,6 +71,7 @@ def test_compiled_greedy_peer_matches_hf_greedy_and_stops_at_eos():
     assert tokens == hf_greedy(model, prompts[1], 10) and tokens[-1] == stop and len(tokens) <= 5
 
 
+@pytest.mark.compile
 def test_bench_decode_compiled_peer_row(tiny_model_dir, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"id": i, "prompt": p}) for i, p in enumerate(["def f(x):", "import os\n"])))

@@ -74,6 +74,7 @@ def _same_writes(eager: BatchKVCache, compiled: BatchKVCache, rows: int, width: 
             torch.testing.assert_close(tc[:, :, : CAP - 1], te[:, :, : CAP - 1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.compile
 def test_compiled_forward_matches_eager_in_two_buckets(model):
     eager_cache, cache = _prefilled(model), _prefilled(model)
     cf = CompiledForward(model, cache, batch_buckets=(1, 4), width_buckets=(1, 8), kv_buckets=(32,))
@@ -151,6 +152,7 @@ PROMPTS = [[5, 9, 5, 9, 17, 3, 5, 9], [40, 41, 42, 7, 40, 41], [100, 3, 77, 100,
 ENGINE = dict(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16, shared_pool_cap=0)
 
 
+@pytest.mark.compile
 def test_engine_compile_on_gives_eager_tokens(model):
     """Plain and lookahead rows, alone and batched, through buckets compiled before the first step:
     the same tokens as the eager engine, and the steps did run compiled."""
@@ -164,6 +166,7 @@ def test_engine_compile_on_gives_eager_tokens(model):
     assert calls[(4, 16)] > 1 and calls[(1, 1)] > 1, calls
 
 
+@pytest.mark.compile
 def test_engine_compile_auto_serves_while_compiling(model):
     """"auto" returns at once: the first requests run eagerly while the bucket compiles on a
     background thread, and run compiled once it is ready, with the same tokens throughout."""
@@ -196,6 +199,7 @@ def test_compile_bucket_beyond_the_kv_budget_is_refused_at_start(model):
         Engine(model, config)
 
 
+@pytest.mark.compile
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph buckets need a CUDA GPU")
 def test_engine_cuda_graph_buckets_give_eager_tokens():

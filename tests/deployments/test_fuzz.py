@@ -35,9 +35,8 @@ def test_generated_requests_never_get_a_5xx_nor_restart_the_replica(server):
     print(f"{total} requests:", dict(sorted(statuses.items())))
     assert not failures, failures[:5]
     assert total >= 1000
-    # Valid and invalid requests were both exercised: valid ones are served, or answered 408 when
-    # their own generated timeout_s ran out first (which requests those are moves with the draw).
-    assert sum(n for (label, code), n in statuses.items() if label.startswith("POST") and code in (200, 408)) >= 25
+    # Valid and invalid requests were both exercised.
+    assert sum(n for (label, code), n in statuses.items() if label.startswith("POST") and code == 200) >= 25
     # malformed bodies: 422 on /generate, 400 on the OpenAI routes
     assert sum(n for (label, code), n in statuses.items() if code in (400, 422)) >= 100
     after = requests.get(server + "/health", timeout=10).json()

@@ -47,4 +47,4 @@ def build_app(args: AppArgs) -> Application:
                      "runtime_env": {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}}
     # @serve.deployment makes these Deployments; Ray's decorator typing leaves them classes to mypy.
     model = LookaheadModel.options(ray_actor_options=actor_options).bind(args.model_dump(exclude={"auth"}))  # type: ignore[attr-defined]
-    return LookaheadAPI.bind(model, args.model.served_name, guard)  # type: ignore[attr-defined]
+    return LookaheadAPI.bind(model, args.model.served_name, args.engine, args.limits, guard)  # type: ignore[attr-defined]

@@ -12,15 +12,17 @@ from typing import cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from ray import serve
 from ray.exceptions import RayActorError, RayError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException
 
-from lookahead_core.serving import Completion, Delta, RequestError, ServeRequest, Usage, sse
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.serving import Completion, Delta, RequestError, RequestLimits, ServeRequest, Usage, sse
 
 from .guard import GuardConfig, RequestGuard
 from .protocol import (
@@ -37,7 +39,8 @@ from .protocol import (
     usage,
 )
 
-app = FastAPI(title="lookahead-serve", description="Exact Lookahead Decoding on Ray Serve")
+# /openapi.json and /docs are LookaheadAPI's own routes: the schema needs the model's vocabulary.
+app = FastAPI(title="lookahead-serve", description="Exact Lookahead Decoding on Ray Serve", openapi_url=None)
 app.add_middleware(RequestGuard)
 
 OVERLOADED = RequestError(503, "server overloaded: too many queued requests, retry later", code="overloaded",
@@ -160,27 +163,56 @@ async def openai_events(items, head: dict, chat: bool, include_usage: bool, n: i
     yield sse.DONE_EVENT
 
 
+def _cap_token_ids(schema, vocab_size: int) -> None:
+    """Every token-id item (an integer >= 0 inside `items`) gets the vocabulary's last id as maximum."""
+    if isinstance(schema, list):
+        for s in schema:
+            _cap_token_ids(s, vocab_size)
+    elif isinstance(schema, dict):
+        items = schema.get("items")
+        if isinstance(items, dict) and items.get("type") == "integer" and items.get("minimum") == 0:
+            items["maximum"] = vocab_size - 1
+        for value in schema.values():
+            _cap_token_ids(value, vocab_size)
+
+
+def served_schema(schema: dict, model_name: str, vocab_size: int, engine: EngineConfig, limits: RequestLimits) -> dict:
+    """The OpenAPI schema with this server's own limits, so that a body valid by the schema is one
+    it serves: the one `model` id the OpenAI routes accept (any other is a 404), token ids within
+    the vocabulary, the engine's token budget and largest (N, W, G), and the stop strings
+    RequestLimits allows."""
+    bodies = schema.get("components", {}).get("schemas", {})
+    n, chars = limits.max_stop_strings, limits.max_stop_chars
+    stop_string = {"type": "string", "minLength": 1, "maxLength": chars}
+    stop_list = {"type": "array", "items": stop_string, "maxItems": n}
+    for name, body in bodies.items():
+        props = body.get("properties", {})
+        for budget in ("max_new_tokens", "max_tokens", "max_completion_tokens"):
+            if budget in props:
+                props[budget]["maximum"] = engine.max_new_tokens  # binds only numbers, so beside a null branch too
+        for branch in props.get("lookahead", {}).get("anyOf", ()):
+            for key, limit in (("n", engine.max_n), ("w", engine.max_w), ("g", engine.max_g)):
+                if key in branch.get("properties", {}):
+                    branch["properties"][key]["maximum"] = limit
+        if name == "GenerateRequest":
+            props["stop"] = {**props["stop"], **stop_list}
+        elif "stop" in props:  # OpenAI's: a string, a list of them, or null (a string is one stop string)
+            props["stop"] = {"anyOf": [stop_string, stop_list, {"type": "null"}] if n else [stop_list, {"type": "null"}],
+                             "title": "Stop"}
+        for prompt in ("prompt", "input_ids"):
+            _cap_token_ids(props.get(prompt), vocab_size)
+        if "model" in props:
+            props["model"] = {"anyOf": [{"type": "string", "enum": [model_name]}, {"type": "null"}],
+                              "title": "Model", "description": "the served model id (GET /v1/models)"}
+    return schema
+
+
 # The ingress only awaits I/O: it asks Ray for no CPU, so the model replica can have every core.
-def _openapi_naming(model_name: str):
-    """The OpenAPI schema with the one `model` id the OpenAI routes accept, so clients and
-    generators see it (any other id is a 404)."""
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            for body in ("CompletionRequest", "ChatRequest"):
-                props = schema.get("components", {}).get("schemas", {}).get(body, {}).get("properties", {})
-                if "model" in props:
-                    props["model"] = {"anyOf": [{"type": "string", "enum": [model_name]}, {"type": "null"}],
-                                      "title": "Model", "description": "the served model id (GET /v1/models)"}
-            app.openapi_schema = schema
-        return app.openapi_schema
-    return openapi
-
-
 @serve.deployment(name="LookaheadAPI", max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
 class LookaheadAPI:
-    def __init__(self, model: DeploymentHandle, model_name: str, guard: dict | None = None) -> None:
+    def __init__(self, model: DeploymentHandle, model_name: str, engine: EngineConfig, limits: RequestLimits,
+                 guard: dict | None = None) -> None:
         self.model = model
         self.stream_handle = model.options(stream=True)
         self.model_name = model_name
@@ -191,7 +223,8 @@ class LookaheadAPI:
             open_paths=frozenset(guard.get("open_paths", ("/health",))),
             max_body_bytes=guard.get("max_body_bytes", 1 << 20),
         )
-        app.openapi = _openapi_naming(model_name)  # type: ignore[method-assign]  # FastAPI's documented override
+        self.engine_config = engine
+        self.limits = limits
 
     async def _open(self, req: ServeRequest):
         """Start a generation and return its items (Delta..., Completion); raises the RequestError
@@ -230,6 +263,18 @@ class LookaheadAPI:
                 gen.cancel()
 
         return items()
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_json(self) -> dict:
+        if app.openapi_schema is None:
+            info = await self.model.info.remote()
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            app.openapi_schema = served_schema(schema, self.model_name, info["vocab_size"], self.engine_config, self.limits)
+        return app.openapi_schema
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(self, request: Request) -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=request.scope.get("root_path", "") + "/openapi.json", title=app.title)
 
     @app.get("/health")
     async def health(self) -> dict:

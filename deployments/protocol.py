@@ -16,13 +16,14 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
 from lookahead_core.engine.logprobs import MAX_TOP_LOGPROBS
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.serving import Completion, Logprob, Message, RequestError, ServeRequest, Usage
-from lookahead_core.serving.request import MAX_CHOICES
+from lookahead_core.serving.request import DEFAULT_MAX_NEW_TOKENS, MAX_CHOICES, PROMPT_FIELDS
 
 
 def refuse(param: str | None, message: str, code: str | None = None) -> PydanticCustomError:
@@ -40,7 +41,9 @@ def parse_lookahead(value):
     if isinstance(value, dict):
         if not {"n", "w", "g"} <= set(value) <= {"n", "w", "g", "adapt"}:
             raise ValueError(f"takes exactly the keys n, w, g (and optionally adapt), got {sorted(value)}")
-        return LookaheadParams(value["n"], value["w"], value["g"], adapt=value.get("adapt", True))
+        # JSON has one number type: 3.0 is the integer 3 (JSON Schema's reading, and pydantic's for int fields)
+        n, w, g = (int(v) if isinstance(v, float) and v.is_integer() else v for v in (value["n"], value["w"], value["g"]))
+        return LookaheadParams(n, w, g, adapt=value.get("adapt", True))
     if isinstance(value, LookaheadParams):
         return value
     raise ValueError(f"must be \"auto\", \"off\" or an object with n, w, g, got {type(value).__name__}")
@@ -128,13 +131,25 @@ def _messages(messages: list[ChatMessage] | None) -> tuple[Message, ...] | None:
     return None if messages is None else tuple(Message(m.role, m.content) for m in messages)
 
 
+# The schema states the rules ServeRequest enforces on prompts, so that a body valid by the schema
+# is one the server serves (the fuzz test holds it to that): exactly one prompt field, none empty,
+# token ids >= 0. Server limits (token budget, stop strings, model id) are added by the ingress.
+_TOKEN_IDS: JsonDict = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+# `required` alone would let {"prompt": null} through: a given field is a non-null one.
+_ONE_PROMPT: JsonDict = {"oneOf": [{"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                                   for name in PROMPT_FIELDS]}
+
+
 class GenerateRequest(_Common):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_ONE_PROMPT)
     temperature: float | None = Field(None, json_schema_extra={"minimum": 0, "maximum": SamplingParams.MAX_TEMPERATURE})
-    prompt: str | None = None
-    input_ids: list[int] | None = None
-    messages: list[ChatMessage] | None = Field(None, description="chat turns, formatted by the model's chat template")
-    max_new_tokens: int = Field(128, json_schema_extra={"minimum": 1})  # the rule: stopping.check_max_new_tokens
+    # minLength / minItems / items bind only strings / arrays, so they sit beside the null branch
+    prompt: str | None = Field(None, json_schema_extra={"minLength": 1})
+    input_ids: list[int] | None = Field(None, json_schema_extra={"minItems": 1, "items": _TOKEN_IDS["items"]})
+    messages: list[ChatMessage] | None = Field(None, description="chat turns, formatted by the model's chat template",
+                                               json_schema_extra={"minItems": 1})
+    max_new_tokens: int | None = Field(None, description=f"default: {DEFAULT_MAX_NEW_TOKENS}, or the server's limit where lower",
+                                       json_schema_extra={"minimum": 1})  # the rule: stopping.check_max_new_tokens
     stop: list[str] = Field(default_factory=list)
     stream: bool = False
     ignore_eos: bool = Field(False, description="decode past EOS up to max_new_tokens")
@@ -214,17 +229,28 @@ class _OpenAIRequest(_Common):
     def continuous_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
-    def _openai_request(self, token_limit: int, logprobs: int | None, echo: bool = False, **prompt) -> ServeRequest:
+    def _openai_request(self, token_limit: int | None, logprobs: int | None, echo: bool = False, **prompt) -> ServeRequest:
         stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         return ServeRequest(**prompt, max_new_tokens=token_limit, stop=stop, lookahead=self.lookahead,
                             sampling=self.sampling(), timeout_s=self.timeout_s, ignore_eos=self.ignore_eos,
                             logprobs=logprobs, echo=echo, n=self.n)
 
 
+_COMPLETION_PROMPT: JsonDict = {"anyOf": [
+    {"type": "string", "minLength": 1}, _TOKEN_IDS,
+    {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+    {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": 1},
+], "title": "Prompt", "description": "a string or token ids, or a list of one of either (one prompt per request)"}
+# OpenAI's pairings, refused with 400 when broken: stream_options needs stream, top_logprobs logprobs.
+_NEEDS_STREAM: JsonDict = {"stream_options": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
+_NEEDS_LOGPROBS: JsonDict = {"top_logprobs": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
+
+
 class CompletionRequest(_OpenAIRequest):
     """`prompt`: a string, token ids, or a list of one of either (one prompt per request)."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    model_config = ConfigDict(json_schema_extra={"dependentSchemas": _NEEDS_STREAM})
+    prompt: Annotated[str | list[str] | list[int] | list[list[int]], WithJsonSchema(_COMPLETION_PROMPT)]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=5, description="log-probabilities of each token and this many alternatives")
     echo: bool = Field(False, description="the prompt first in the text (and, with logprobs, the prompt's logprobs)")
@@ -240,6 +266,7 @@ class CompletionRequest(_OpenAIRequest):
 
 
 class ChatRequest(_OpenAIRequest):
+    model_config = ConfigDict(json_schema_extra={"dependentSchemas": {**_NEEDS_STREAM, **_NEEDS_LOGPROBS}})
     _unsupported: ClassVar[dict[str, object]] = {**UNSUPPORTED, "echo": None}
     messages: list[ChatMessage] = Field(json_schema_extra={"minItems": 1})
     max_tokens: int | None = Field(None, ge=1, description="deprecated by OpenAI: `max_completion_tokens`")
@@ -250,7 +277,7 @@ class ChatRequest(_OpenAIRequest):
     def _serve_request(self) -> ServeRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise RequestError(400, "`top_logprobs` needs `logprobs: true`", "top_logprobs")
-        limit = self.max_completion_tokens or self.max_tokens or 128
+        limit = self.max_completion_tokens or self.max_tokens  # None: the server's default
         return self._openai_request(limit, (self.top_logprobs or 0) if self.logprobs else None,
                                     messages=_messages(self.messages))
 

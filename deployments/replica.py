@@ -117,6 +117,7 @@ class LookaheadModel:
         return {
             "model": self.args.model.served_name,
             "dtype": self.dtype,
+            "vocab_size": engine.runner.vocab_size,
             "device": self.args.model.device,
             "cpu_capability": cpu_capability(),
             "torch_threads": torch.get_num_threads(),

@@ -1,7 +1,6 @@
 """Shared fixtures: a real Ray Serve application on CPU with a tiny saved model (one per session)."""
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from lookahead_core.models.random_models import build_random_model
+from tests.fixtures import wait_until
 
 # A small chat template for the tiny model (whose tokenizer has none): the server config sets it.
 TINY_CHAT_TEMPLATE = (
@@ -70,14 +70,7 @@ def server(tiny_model_dir):
     }
     serve.run(build_app(args), name="lookahead", route_prefix="/")
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if requests.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
+    wait_until(lambda: requests.get(url + "/health", timeout=5).status_code == 200, 60, interval=0.5)
     yield url
     serve.shutdown()
     ray.shutdown()

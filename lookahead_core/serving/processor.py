@@ -26,7 +26,7 @@ from lookahead_core.serving.outputs import (
     Timings,
     Usage,
 )
-from lookahead_core.serving.request import ServeRequest
+from lookahead_core.serving.request import DEFAULT_MAX_NEW_TOKENS, ServeRequest
 from lookahead_core.serving.text_stream import TextStream
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,11 @@ class RequestProcessor:
             for lp, t in zip(items, token_ids)
         )
 
-    def engine_request(self, req: ServeRequest, prompt: list[int]) -> EngineRequest:
-        """The one request the engine takes, built once from the served request."""
-        stop = StopCondition.build(req.max_new_tokens, () if req.ignore_eos else self.eos)
+    def engine_request(self, req: ServeRequest, prompt: list[int], token_limit: int) -> EngineRequest:
+        """The one request the engine takes, built once from the served request; `token_limit`
+        is the engine's, which caps the default budget (an explicit one above it is refused)."""
+        budget = min(DEFAULT_MAX_NEW_TOKENS, token_limit) if req.max_new_tokens is None else req.max_new_tokens
+        stop = StopCondition.build(budget, () if req.ignore_eos else self.eos)
         return EngineRequest(req.request_id, tuple(prompt), stop, req.lookahead, req.sampling, req.logprobs,
                              req.logprobs if req.echo else None)
 
@@ -159,7 +161,7 @@ class RequestProcessor:
                        engine: AsyncEngine) -> AsyncIterator[Delta | Completion]:
         t0 = time.perf_counter()
         try:
-            ereq = self.engine_request(req, prompt)
+            ereq = self.engine_request(req, prompt, engine.engine.config.max_new_tokens)
             params = engine.engine.resolve(ereq)  # the engine config is immutable: safe from this thread
         except (ValueError, TypeError) as exc:
             raise RequestError(400, str(exc)) from None

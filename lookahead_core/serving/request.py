@@ -15,6 +15,8 @@ from lookahead_core.serving.outputs import LookaheadMode, RequestError
 
 PROMPT_FIELDS = ("prompt", "input_ids", "messages")
 MAX_CHOICES = 16
+# A request that names no token budget gets this many, or the engine's limit where that is lower.
+DEFAULT_MAX_NEW_TOKENS = 128
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class ServeRequest:
 
     lookahead: "auto" (the engine's own (N, W, G), paced), "off", or fixed params.
     sampling: None is greedy decoding. timeout_s: the client's own deadline (the server may cap it).
+    max_new_tokens: None is DEFAULT_MAX_NEW_TOKENS capped at the engine's limit.
     ignore_eos: decode past EOS up to max_new_tokens. logprobs: return each token's log-probability
     with that many alternatives (None: none). echo: the prompt comes first in the text (and in the
     logprobs). n: independent choices, decoded side by side (a seed gives choice i seed + i).
@@ -50,7 +53,7 @@ class ServeRequest:
     prompt: str | None = None
     input_ids: tuple[int, ...] | None = None
     messages: tuple[Message, ...] | None = None
-    max_new_tokens: int = 128
+    max_new_tokens: int | None = None
     stop: tuple[str, ...] = ()
     lookahead: Literal["auto", "off"] | LookaheadParams = "auto"
     sampling: SamplingParams | None = None
@@ -81,7 +84,8 @@ class ServeRequest:
         if self.prompt is not None and not isinstance(self.prompt, str):
             raise RequestError(400, "`prompt` must be a string", "prompt")
         try:
-            check_max_new_tokens(self.max_new_tokens)
+            if self.max_new_tokens is not None:
+                check_max_new_tokens(self.max_new_tokens)
         except ValueError as exc:
             raise RequestError(400, str(exc), "max_new_tokens") from None
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)

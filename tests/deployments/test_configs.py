@@ -149,7 +149,7 @@ def test_auth_keys_never_reach_the_model_replicas():
     ingress = app._bound_deployment
     model_bound = ingress.init_args[0]
     assert "auth" not in model_bound._bound_deployment.init_args[0]
-    assert ingress.init_args[2]["api_keys"] == ["k" * 20]
+    assert ingress.init_args[4]["api_keys"] == ["k" * 20]
 
 
 def test_the_gpu_config_fits_an_80_gb_gpu_by_the_replicas_kv_arithmetic():

@@ -1,5 +1,4 @@
 """Every endpoint of a real Serve app over HTTP; outputs equal `lookahead_core.generate`."""
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -9,6 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lookahead_core import LookaheadParams, generate
 from lookahead_core.serving import sse
+from tests.fixtures import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -41,18 +41,23 @@ def test_health_and_models(server):
     spec = requests.get(server + "/openapi.json", timeout=10).json()["components"]["schemas"]
     for body in ("CompletionRequest", "ChatRequest"):
         assert spec[body]["properties"]["model"]["anyOf"][0]["enum"] == ["tiny"]
+    # ... and this server's limits: the tiny model's 128 ids, engine max_new_tokens 64
+    assert spec["GenerateRequest"]["properties"]["input_ids"]["items"]["maximum"] == 127
+    assert spec["ChatRequest"]["properties"]["max_tokens"]["maximum"] == 64
+    docs = requests.get(server + "/docs", timeout=10)
+    assert docs.status_code == 200 and "url: '/openapi.json'" in docs.text
 
 
 def test_decode_compiles_in_the_background_then_serves_the_same_tokens(server, local):
     """The replica answered from the start (eagerly) while its (1, 1) bucket compiled on a
     background thread ("auto"); once /health shows it ready, one-token steps run compiled with the
     tokens the library gives."""
-    deadline = time.time() + 300
-    while True:
-        (bucket,) = requests.get(server + "/health", timeout=10).json()["compiled_decode"]["buckets"]
-        if bucket["ready"] or "error" in bucket or time.time() > deadline:
-            break
-        time.sleep(1)
+    def bucket_status():
+        (status,) = requests.get(server + "/health", timeout=10).json()["compiled_decode"]["buckets"]
+        return status
+
+    wait_until(lambda: bucket_status()["ready"] or "error" in bucket_status(), 300, interval=1)
+    bucket = bucket_status()
     assert bucket["ready"] and bucket["compile_s"] > 0 and (bucket["batch"], bucket["width"]) == (1, 1), bucket
     r = post(server, "/generate", {"prompt": "def add(a, b):", "max_new_tokens": 20, "lookahead": "off"})
     assert r.status_code == 200, r.text

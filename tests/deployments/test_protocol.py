@@ -26,7 +26,7 @@ def test_openai_fields_are_mapped():
                        max_tokens=5, max_completion_tokens=3, temperature=0).to_request()
     assert chat.messages == (Message("user", "ab"),) and chat.max_new_tokens == 3 and chat.sampling is None
     assert ChatRequest(messages=[{"role": "user", "content": "x"}], max_tokens=5).to_request().max_new_tokens == 5
-    assert ChatRequest(messages=[{"role": "user", "content": "x"}]).to_request().max_new_tokens == 128
+    assert ChatRequest(messages=[{"role": "user", "content": "x"}]).to_request().max_new_tokens is None  # the server's default
 
 
 @pytest.mark.parametrize("model, body, message", [
@@ -45,3 +45,10 @@ def test_each_rule_is_reported_from_its_one_place(model, body, message):
 
 def test_every_finish_reason_has_an_openai_name():
     assert set(OPENAI_FINISH) == set(FinishReason) and OPENAI_FINISH["abort"] == "abort"
+
+
+def test_a_lookahead_setting_of_3_0_is_the_integer_3_as_json_schema_reads_it():
+    params = GenerateRequest(prompt="x", lookahead={"n": 3.0, "w": 2, "g": 2.0}).to_request().params
+    assert params is not None and (params.n, params.w, params.g) == (3, 2, 2) and isinstance(params.n, int)
+    with pytest.raises(ValidationError, match="lookahead n must be an integer, got 3.5"):
+        GenerateRequest(prompt="x", lookahead={"n": 3.5, "w": 2, "g": 2})

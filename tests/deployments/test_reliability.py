@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from lookahead_core.serving import sse
+from tests.fixtures import wait_until
 
 KEY = "test-key-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -36,18 +37,6 @@ def guarded(server, tiny_model_dir):
     wait_until(lambda: requests.get(url + "/health", timeout=5).status_code == 200, 60)
     yield url
     serve.delete("guarded")
-
-
-def wait_until(check, timeout_s, interval=0.02):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        try:
-            if check():
-                return True
-        except requests.RequestException:
-            pass
-        time.sleep(interval)
-    return False
 
 
 def health(url):

@@ -9,6 +9,7 @@ from lookahead_core.engine.async_engine import AsyncEngine
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.models.random_models import build_random_model
+from tests.fixtures import wait_until
 from tests.lookahead_core.helpers import req, well_conditioned_cases
 
 
@@ -77,10 +78,7 @@ def test_timeout_aborts_the_request(setup):
     t0 = time.perf_counter()
     got = asyncio.run(main())
     assert time.perf_counter() - t0 < 0.5 and len(got) < 500
-    for _ in range(100):
-        if engine.queue_depth() == (0, 0):
-            break
-        time.sleep(0.01)
+    wait_until(lambda: engine.queue_depth() == (0, 0), 1, interval=0.01)
     assert engine.queue_depth() == (0, 0) and engine.alive
 
 

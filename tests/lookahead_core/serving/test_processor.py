@@ -310,3 +310,9 @@ def test_a_failing_choice_fails_the_request(proc, engine):
     req = ServeRequest(input_ids=(5, 5000), max_new_tokens=4, n=2)
     err = run(proc, req, engine)
     assert isinstance(err, RequestError) and err.status == 400 and "vocabulary" in err.message
+
+
+@pytest.mark.parametrize(("asked", "limit", "budget"), [(None, 512, 128), (None, 64, 64), (300, 512, 300)])
+def test_a_request_naming_no_budget_gets_128_tokens_or_the_engines_limit(proc, asked, limit, budget):
+    ereq = proc.engine_request(ServeRequest(prompt="x", max_new_tokens=asked), [5, 6], token_limit=limit)
+    assert ereq.stop.max_new_tokens == budget

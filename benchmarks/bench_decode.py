@@ -335,6 +335,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="on CPU, both compiled peers (HF's and our engine's) time inductor's C++ GEMM template "
                          "against MKL per layer (engine.compile_autotune)")
     ap.add_argument("--compile-kv", default="256", help="engine compile key lengths, comma-separated")
+    ap.add_argument("--successor-prefill", choices=["on", "off"], default=None,
+                    help="engine: record the top-k after every prompt token (default: EngineConfig's)")
     ap.add_argument("--pool", choices=["on", "off", "both"], default="on", help="n-grams from prompt and output")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--fp32-reference", action="store_true", help="also compare every output with HF greedy in float32")
@@ -370,7 +372,8 @@ def main(argv: list[str] | None = None) -> dict:
             max_lookup=max(p.lookup for p in la), max_successors=max(p.successors for p in la), lookahead=la[0],
             compile=args.engine_compile,
             compile_buckets=[tuple(int(x) for x in b.split("x")) for b in args.compile_buckets.split(",")],
-            compile_kv=[int(k) for k in args.compile_kv.split(",")], compile_autotune=args.compile_autotune == "on")
+            compile_kv=[int(k) for k in args.compile_kv.split(",")], compile_autotune=args.compile_autotune == "on",
+            **({} if args.successor_prefill is None else {"successor_prefill": args.successor_prefill == "on"}))
     t_engine = time.perf_counter()
     bench = Bench(model, configs, args.max_new_tokens, sampling, max(len(p) for p in prompts), engine_config,
                   args.compile_autotune == "on")

@@ -69,7 +69,8 @@ class EngineConfig(BaseModel):
         8, ge=0, le=64, description="successors kept per token in the replica's table of the model's top-k after each "
                                     "token it computed (vocab x k int32); 0 turns the table and successor trees off")
     successor_prefill: bool = Field(
-        True, description="also record the top-k after every prompt token (logits for every prefill row)")
+        False, description="also record the top-k after every prompt token: logits for every prefill row, ~25% more "
+                           "prefill; on chat prompts it did not raise acceptance (docs/BENCHMARKS.md)")
     layout_cache: int = Field(32, ge=1, description="step layouts kept, one per (N, W, G, lookup, successors) in use")
     compile: Literal["off", "on", "auto"] = Field(
         "off", description="decode forward compiled per bucket: \"on\" compiles every bucket before the engine "

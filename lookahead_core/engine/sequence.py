@@ -124,6 +124,7 @@ class Sequence:
         self._full_offsets = lay.offsets.copy()
         self._verify_offsets = np.zeros(1 + lay.max_tree_rows, dtype=np.int64)
         self.tree = CandidateTree(lay.max_tree_rows)
+        self._hit = np.zeros(lay.max_tree_rows, dtype=bool)  # which tree rows a step accepted, reused
         self.pacer = StepPacer() if params is not None and params.adapt else None
         self.shared = shared
         self.history = history if params is not None and params.lookup else None
@@ -286,7 +287,8 @@ class Sequence:
             self.step_sources = (tuple(np.bincount(tree.source[: tree.size], minlength=len(Source)).tolist()),
                                  tuple(np.bincount(tree.source[kept], minlength=len(Source)).tolist()))
             self.stats.record_sources(*self.step_sources)
-            hit = np.zeros(tree.size, dtype=bool)
+            hit = self._hit[: tree.size]
+            hit[:] = False
             hit[kept] = True
             for rates in (self.row_rates, self._own_rates):
                 rates.observe(tree.source[: tree.size], tree.depth[: tree.size], hit)

@@ -182,9 +182,9 @@ def test_abort_waiting_and_prefilling(setup):
     assert toks == cases[0][1]
 
 
-def _run_alone(engine, rid, prompt, params):
+def _run_alone(engine, rid, prompt, params, max_new_tokens=MAX_NEW):
     """One request through `engine` on its own: its tokens and final stats."""
-    engine.add_request(req(rid, prompt, MAX_NEW, params))
+    engine.add_request(req(rid, prompt, max_new_tokens, params))
     tokens, stats = [], None
     while engine.has_work():
         for out in engine.step():
@@ -210,14 +210,21 @@ def test_shared_pool_speeds_up_a_repeat_and_keeps_it_exact(setup, cap):
         assert steps[1] == steps[0] and engine.shared_pool is None
 
 
-@pytest.mark.parametrize("topk", [8, 0])
-def test_successor_table_speeds_up_a_repeat_and_keeps_it_exact(setup, topk):
+@pytest.mark.parametrize(("topk", "prefill"), [(8, False), (8, True), (0, False)])
+def test_successor_table_speeds_up_a_repeat_and_keeps_it_exact(setup, topk, prefill):
     """The top-k the model gave after each token in one request's steps become the next request's
     candidate tree; a repeat then accepts more per step and stays token-identical. topk 0 turns
-    the table off."""
+    the table off; `successor_prefill` also records every prompt token's."""
     model, cases = setup
     engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=0, successor_topk=topk,
-                                        history_tokens=0))
+                                        history_tokens=0, successor_prefill=prefill))
+    long = next(p for p, _, _ in cases if len(set(p)) > 8)
+    _run_alone(engine, -1, long, "off", max_new_tokens=1)  # a prefill, then one plain step of the last token
+    if topk:
+        assert engine.successors is not None
+        assert (engine.successors.table[long] >= 0).all() == prefill
+        engine.successors.clear()
+    prompt, ref, _ = cases[0]
     prompt, ref, _ = cases[0]
     runs = [_run_alone(engine, i, prompt, LookaheadParams(2, 1, 0, lookup=0, successors=16, adapt=False))
             for i in range(2)]

@@ -148,7 +148,8 @@ class GenerateRequest(_Common):
     input_ids: list[int] | None = Field(None, json_schema_extra={"minItems": 1, "items": _TOKEN_IDS["items"]})
     messages: list[ChatMessage] | None = Field(None, description="chat turns, formatted by the model's chat template",
                                                json_schema_extra={"minItems": 1})
-    max_new_tokens: int | None = Field(None, description=f"default: {DEFAULT_MAX_NEW_TOKENS}, or the server's limit where lower",
+    max_new_tokens: int | None = Field(None, description=f"default: {DEFAULT_MAX_NEW_TOKENS}, or less where the server's "
+                                                         "limit or the context left after the prompt is lower",
                                        json_schema_extra={"minimum": 1})  # the rule: stopping.check_max_new_tokens
     stop: list[str] = Field(default_factory=list)
     stream: bool = False

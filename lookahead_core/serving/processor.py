@@ -108,10 +108,16 @@ class RequestProcessor:
             for lp, t in zip(items, token_ids)
         )
 
-    def engine_request(self, req: ServeRequest, prompt: list[int], token_limit: int) -> EngineRequest:
-        """The one request the engine takes, built once from the served request; `token_limit`
-        is the engine's, which caps the default budget (an explicit one above it is refused)."""
-        budget = min(DEFAULT_MAX_NEW_TOKENS, token_limit) if req.max_new_tokens is None else req.max_new_tokens
+    def engine_request(self, req: ServeRequest, prompt: list[int], token_limit: int,
+                       max_seq_len: int | None = None) -> EngineRequest:
+        """The one request the engine takes, built once from the served request. A request naming
+        no budget gets `DEFAULT_MAX_NEW_TOKENS`, or less where the engine's `token_limit` or the
+        room `max_seq_len` leaves after the prompt is lower (an explicit budget above either is refused)."""
+        if req.max_new_tokens is None:
+            room = token_limit if max_seq_len is None else max_seq_len - len(prompt)
+            budget = max(1, min(DEFAULT_MAX_NEW_TOKENS, token_limit, room))
+        else:
+            budget = req.max_new_tokens
         stop = StopCondition.build(budget, () if req.ignore_eos else self.eos)
         return EngineRequest(req.request_id, tuple(prompt), stop, req.lookahead, req.sampling, req.logprobs,
                              req.logprobs if req.echo else None)
@@ -161,7 +167,7 @@ class RequestProcessor:
                        engine: AsyncEngine) -> AsyncIterator[Delta | Completion]:
         t0 = time.perf_counter()
         try:
-            ereq = self.engine_request(req, prompt, engine.engine.config.max_new_tokens)
+            ereq = self.engine_request(req, prompt, engine.engine.config.max_new_tokens, engine.engine.max_seq_len)
             params = engine.engine.resolve(ereq)  # the engine config is immutable: safe from this thread
         except (ValueError, TypeError) as exc:
             raise RequestError(400, str(exc)) from None

@@ -40,7 +40,7 @@ class ServeRequest:
 
     lookahead: "auto" (the engine's own (N, W, G), paced), "off", or fixed params.
     sampling: None is greedy decoding. timeout_s: the client's own deadline (the server may cap it).
-    max_new_tokens: None is DEFAULT_MAX_NEW_TOKENS capped at the engine's limit.
+    max_new_tokens: None is DEFAULT_MAX_NEW_TOKENS capped at the engine's limit and the context the prompt leaves.
     ignore_eos: decode past EOS up to max_new_tokens. logprobs: return each token's log-probability
     with that many alternatives (None: none). echo: the prompt comes first in the text (and in the
     logprobs). n: independent choices, decoded side by side (a seed gives choice i seed + i).

@@ -312,7 +312,23 @@ def test_a_failing_choice_fails_the_request(proc, engine):
     assert isinstance(err, RequestError) and err.status == 400 and "vocabulary" in err.message
 
 
-@pytest.mark.parametrize(("asked", "limit", "budget"), [(None, 512, 128), (None, 64, 64), (300, 512, 300)])
-def test_a_request_naming_no_budget_gets_128_tokens_or_the_engines_limit(proc, asked, limit, budget):
-    ereq = proc.engine_request(ServeRequest(prompt="x", max_new_tokens=asked), [5, 6], token_limit=limit)
+@pytest.mark.parametrize(("asked", "limit", "context", "budget"),
+                         [(None, 512, 1024, 128), (None, 64, 1024, 64), (None, 512, 100, 98), (300, 512, 1024, 300)])
+def test_a_request_naming_no_budget_gets_128_tokens_or_what_the_engine_leaves(proc, asked, limit, context, budget):
+    """128, or the engine's token limit, or the room its max_seq_len leaves after the prompt."""
+    ereq = proc.engine_request(ServeRequest(prompt="x", max_new_tokens=asked), [5, 6], token_limit=limit,
+                               max_seq_len=context)
     assert ereq.stop.max_new_tokens == budget
+
+
+def test_a_prompt_near_the_context_end_naming_no_budget_gets_the_room_left(tiny, proc):
+    """A prompt 40 tokens short of max_seq_len, no budget named: 40 tokens, not a 400 for 128."""
+    eng = AsyncEngine(Engine(tiny[0], EngineConfig(max_batch=1, max_seq_len=100, max_new_tokens=512)))
+    try:
+        prompt = tuple(range(5, 65))
+        done = run(proc, ServeRequest(input_ids=prompt, ignore_eos=True), eng)[-1]
+        assert isinstance(done, Completion) and len(done.token_ids) == 40
+        refused = run(proc, ServeRequest(input_ids=prompt, max_new_tokens=41), eng)
+        assert isinstance(refused, RequestError) and refused.status == 400 and "100 tokens" in refused.message
+    finally:
+        eng.shutdown()

@@ -41,6 +41,8 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.loading import DEFAULT_MODEL, load_model
 
+SKIP_GUARDS_PEER = "hf-compiled-ng"  # the compiled peer without dynamo's guards on the model, as our engine
+
 
 @dataclass
 class Config:
@@ -69,10 +71,12 @@ class Tally:
 
 
 def parse_configs(spec: str, pool: str, pld: str, sampling: bool, plain: bool = True,
-                  compiled: bool = False) -> list[Config]:
+                  compiled: bool = False, skip_guards: bool = False) -> list[Config]:
     configs = [Config("hf-sample" if sampling else "hf-greedy", "hf")]
     if compiled and not sampling:  # a greedy peer: argmax inside the compiled step
         configs.append(Config("hf-compiled", "hf-compiled"))
+        if skip_guards:
+            configs.append(Config(SKIP_GUARDS_PEER, "hf-compiled"))
     if not sampling:  # HF refuses prompt lookup with sampling in some versions; it is a greedy peer here
         configs += [Config(f"hf-pld{k}", "hf-pld", pld_tokens=int(k)) for k in pld.split(",") if k.strip()]
     if plain:
@@ -126,15 +130,19 @@ class CompiledGreedy:
     `transformers`' own `generate(cache_implementation="static")` compiles only on CUDA, and with
     freezing it folds the cache's static-address tensors into constants; hence this loop."""
 
-    def __init__(self, model, max_cache_len: int, gemm_autotune: bool = True) -> None:
+    def __init__(self, model, max_cache_len: int, gemm_autotune: bool = True, skip_module_guards: bool = False) -> None:
         self.model = model
         self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
         self.max_cache_len = max_cache_len
         cuda = model.device.type == "cuda"
         self.freezing = not cuda  # freezing is a CPU optimization; CUDA gets CUDA graphs
         self.options = inductor_options(cuda, gemm_autotune)  # the engine's own settings: same compiler
-        self.step = torch.compile(decode_one_token, fullgraph=True, dynamic=False,
-                                  mode="reduce-overhead" if cuda else None)
+        backend: dict = {"triton.cudagraphs": True} if cuda else {}
+        if skip_module_guards:  # as our engine's CompiledForward
+            backend["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+        # isolated: two peers in one process must not run each other's graph
+        self.step = torch.compile(decode_one_token, fullgraph=True, dynamic=False, options=backend,
+                                  isolate_recompiles=True)
         eos = getattr(model.generation_config, "eos_token_id", None)
         self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.compile_s: float | None = None
@@ -191,8 +199,8 @@ class Bench:
         self.runs = 0
         self._history = None  # the engine's cross-request state (successor table, text, row rates) as the prompt found it
         # one static cache sized to the longest prompt plus max_new_tokens: one compiled graph for all
-        self.compiled = (CompiledGreedy(model, max_prompt_len + max_new, gemm_autotune)
-                         if any(c.kind == "hf-compiled" for c in configs) else None)
+        self.compiled = {c.name: CompiledGreedy(model, max_prompt_len + max_new, gemm_autotune, c.name == SKIP_GUARDS_PEER)
+                         for c in configs if c.kind == "hf-compiled"}
 
     def reset(self) -> None:
         self.tallies = {c.name: Tally() for c in self.configs}
@@ -212,7 +220,7 @@ class Bench:
             tokens, seconds, _ = run_hf(self.model, prompt, self.max_new, self.sampling, config.pld_tokens)
             stats = None
         elif config.kind == "hf-compiled":
-            tokens, seconds = self.compiled.generate(prompt, self.max_new)
+            tokens, seconds = self.compiled[config.name].generate(prompt, self.max_new)
             stats = None
         else:
             self.runs += 1  # a new seed per sampled run
@@ -327,6 +335,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compiled", action="store_true",
                     help="add the HF compiled greedy peer (StaticCache + torch.compile'd decode step; compiled once, "
                          "compile time reported apart)")
+    ap.add_argument("--peer-skip-guards", action="store_true",
+                    help=f"with --compiled, also {SKIP_GUARDS_PEER}: the same peer without dynamo's guards on the "
+                         "model, as our engine's compiled step runs")
     ap.add_argument("--engine-compile", choices=["off", "on"], default=None,
                     help="run our configurations on one long-lived engine (a replica's) with its decode forward "
                          "compiled (on) or eager (off); default: a fresh one-request engine per prompt, eager")
@@ -356,7 +367,7 @@ def main(argv: list[str] | None = None) -> dict:
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
     greedy = sampling is None
     configs = parse_configs(args.configs, args.pool, args.pld, not greedy, plain=not args.no_plain,
-                            compiled=args.compiled)
+                            compiled=args.compiled, skip_guards=args.peer_skip_guards)
     reference_model = None
     if args.fp32_reference and greedy and model.dtype != torch.float32:
         reference_model, _ = load_model(args.model, dtype="float32", device=args.device)
@@ -378,7 +389,7 @@ def main(argv: list[str] | None = None) -> dict:
     bench = Bench(model, configs, args.max_new_tokens, sampling, max(len(p) for p in prompts), engine_config,
                   args.compile_autotune == "on")
     engine_compile_s = time.perf_counter() - t_engine
-    compile_s = bench.compiled.warm_up(prompts[0]) if bench.compiled is not None else None
+    compile_s = {name: peer.warm_up(prompts[0]) for name, peer in bench.compiled.items()}
     compiles = dict(torch._dynamo.utils.counters["frames"]).get("ok", 0)
     for config in configs:  # warm-up: first-call costs out of the figures
         bench.run(config, prompts[0])
@@ -412,12 +423,14 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{', chat' if args.chat else ''}) max_new_tokens={args.max_new_tokens} "
                       f"threads={torch.get_num_threads()} cpu={cpu} {mode}")
     compiled = None
-    if bench.compiled is not None:
+    if bench.compiled:
         recompiles = dict(torch._dynamo.utils.counters["frames"]).get("ok", 0) - compiles
-        compiled = {"compile_s": compile_s, "static_cache_len": bench.compiled.max_cache_len, "recompiles": recompiles,
-                    "freezing": bench.compiled.freezing, "inductor": bench.compiled.options}
-        print(f"hf-compiled: decode step compiled once in {compile_s:.1f}s (not in the figures), static cache "
-              f"{bench.compiled.max_cache_len} tokens, {recompiles} recompiles after warm-up")
+        compiled = {name: {"compile_s": compile_s[name], "static_cache_len": peer.max_cache_len, "recompiles": recompiles,
+                           "freezing": peer.freezing, "inductor": peer.options} for name, peer in bench.compiled.items()}
+        for name, peer in bench.compiled.items():
+            print(f"{name}: decode step compiled once in {compile_s[name]:.1f}s (not in the figures), static cache "
+                  f"{peer.max_cache_len} tokens")
+        print(f"{recompiles} recompiles after warm-up (every compiled peer)")
     if bench.engine is not None and bench.engine.compiled is not None:
         status = bench.engine.compile_status()
         eager = bench.engine.compiled.eager_calls

@@ -108,14 +108,12 @@ class RequestProcessor:
             for lp, t in zip(items, token_ids)
         )
 
-    def engine_request(self, req: ServeRequest, prompt: list[int], token_limit: int,
-                       max_seq_len: int | None = None) -> EngineRequest:
+    def engine_request(self, req: ServeRequest, prompt: list[int], token_limit: int, max_seq_len: int) -> EngineRequest:
         """The one request the engine takes, built once from the served request. A request naming
         no budget gets `DEFAULT_MAX_NEW_TOKENS`, or less where the engine's `token_limit` or the
         room `max_seq_len` leaves after the prompt is lower (an explicit budget above either is refused)."""
         if req.max_new_tokens is None:
-            room = token_limit if max_seq_len is None else max_seq_len - len(prompt)
-            budget = max(1, min(DEFAULT_MAX_NEW_TOKENS, token_limit, room))
+            budget = max(1, min(DEFAULT_MAX_NEW_TOKENS, token_limit, max_seq_len - len(prompt)))
         else:
             budget = req.max_new_tokens
         stop = StopCondition.build(budget, () if req.ignore_eos else self.eos)

@@ -76,9 +76,11 @@ def test_bench_decode_compiled_peer_row(tiny_model_dir, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"id": i, "prompt": p}) for i, p in enumerate(["def f(x):", "import os\n"])))
     report = bench_decode.main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--max-new-tokens", "8",
-                                "--configs", "", "--pld", "", "--no-plain", "--compiled", "--dtype", "float32"])
+                                "--configs", "", "--pld", "", "--no-plain", "--compiled", "--peer-skip-guards",
+                                "--dtype", "float32"])
     rows = {r["config"]: r for r in report["rows"]}
-    assert list(rows) == ["hf-greedy", "hf-compiled"]
-    assert rows["hf-compiled"]["identical"] == "2/2" and rows["hf-compiled"]["compression"] == 1.0
-    assert report["hf_compiled"]["recompiles"] == 0 and report["hf_compiled"]["compile_s"] > 0
+    assert list(rows) == ["hf-greedy", "hf-compiled", "hf-compiled-ng"]
+    for name in ("hf-compiled", "hf-compiled-ng"):  # each peer compiled its own graph
+        assert rows[name]["identical"] == "2/2" and rows[name]["compression"] == 1.0
+        assert report["hf_compiled"][name]["recompiles"] == 0 and report["hf_compiled"][name]["compile_s"] > 0
     assert report["machine"]["cpu_capability"]

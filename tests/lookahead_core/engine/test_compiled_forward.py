@@ -98,6 +98,21 @@ def test_compiled_forward_matches_eager_in_two_buckets(model):
     assert cf.calls == 5 and cf.eager_calls == 5  # the reference runs went through cf.eager
 
 
+@pytest.mark.compile
+def test_a_model_of_the_same_shapes_gets_graphs_of_its_own(model):
+    """Guards on the model are skipped (each call would re-read its attributes); two instances
+    over two models of identical shapes must still never share a frozen graph."""
+    other = build_random_model("llama", vocab_size=256, seed=1)
+    for m in (model, other):
+        eager_cache, cache = _prefilled(m), _prefilled(m)
+        cf = CompiledForward(m, cache, batch_buckets=(1,), width_buckets=(1,), kv_buckets=(32,))
+        ref_pred, ref_logits = _run(cf.eager, eager_cache, 1, 1, 5)
+        pred, logits = _run(cf.forward, cache, 1, 1, 5)
+        assert cf.compile_seconds(), "each instance compiles its own graph"
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+        assert pred == ref_pred
+
+
 def test_steps_outside_every_bucket_run_eagerly(model):
     cache = _prefilled(model)
     cf = CompiledForward(model, cache, batch_buckets=(1, 2), width_buckets=(1, 4), compile=False)

@@ -205,7 +205,7 @@ class Bench:
     def reset(self) -> None:
         self.tallies = {c.name: Tally() for c in self.configs}
         if self.engine is not None:  # the warm-up prompt's text is no one's
-            for state in (self.engine.successors, self.engine.history, self.engine.row_rates):
+            for state in (self.engine.successors, self.engine.history, self.engine.row_rates, self.engine.full_yields):
                 if state is not None:
                     state.clear()
 
@@ -213,7 +213,8 @@ class Bench:
         """Every configuration meets the replica's history (successor table, finished text) as
         earlier prompts left it, not holding this prompt's output from the configuration before it."""
         if self.engine is not None:
-            self._history = copy.deepcopy((self.engine.successors, self.engine.history, self.engine.row_rates))
+            e = self.engine
+            self._history = copy.deepcopy((e.successors, e.history, e.row_rates, e.full_yields))
 
     def run(self, config: Config, prompt: list[int]) -> tuple[list[int], float]:
         if config.kind in ("hf", "hf-pld"):
@@ -227,7 +228,8 @@ class Bench:
             seeded = None if self.sampling is None else SamplingParams(
                 self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, seed=self.runs)
             if self._history is not None:
-                self.engine.successors, self.engine.history, self.engine.row_rates = copy.deepcopy(self._history)
+                e = self.engine
+                e.successors, e.history, e.row_rates, e.full_yields = copy.deepcopy(self._history)
             t0 = time.perf_counter()
             if self.engine is not None:
                 tokens, stats = self.run_engine(config, prompt, seeded)

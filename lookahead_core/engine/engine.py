@@ -21,7 +21,7 @@ from lookahead_core.engine.scheduler import Scheduler, SlotMove
 from lookahead_core.engine.sequence import Row, Sequence, SequenceStats
 from lookahead_core.engine.step_buffers import BatchStepBuffers
 from lookahead_core.lookahead.history import SharedHistory
-from lookahead_core.lookahead.pacing import StepKind
+from lookahead_core.lookahead.pacing import FullYields, StepKind
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.row_rates import RowRates
 from lookahead_core.lookahead.sampling import SamplingParams, sample_rows
@@ -89,6 +89,7 @@ class Engine:
         self.successors = (SuccessorTable(r.vocab_size, cfg.successor_topk, max(cfg.max_successors, 1))
                            if cfg.successor_topk else None)
         self.row_rates = RowRates(Sequence.ROW_DEPTHS)
+        self.full_yields = FullYields()
         self._prefill_mask = torch.zeros((1, 1, cfg.prefill_chunk, capacity), dtype=r.dtype, device=r.device)
         self._causal = torch.full((cfg.prefill_chunk, cfg.prefill_chunk), torch.finfo(r.dtype).min, dtype=r.dtype,
                                   device=r.device).triu_(1)
@@ -135,6 +136,9 @@ class Engine:
             # tree rows accepted per proposal, by source, at depths 1-4 (what a VERIFY step expects of them)
             "row_acceptance": {name: [round(float(r), 3) for r in rates[:4]]
                                for name, rates in zip(SOURCE_NAMES, self.row_rates.rates())},
+            # tokens a whole step (window and tree) yields, where each new request's pacer starts
+            "full_step_yield": {("sampled" if sampled else "greedy") + ("_copied" if copied else ""): round(mean, 3)
+                                for (sampled, copied), mean in self.full_yields.means.items()},
         }
 
     def compile_status(self) -> list[dict]:
@@ -171,7 +175,7 @@ class Engine:
         if len(sched.waiting) >= self.config.max_waiting + max(sched.free_slots(), 0):
             raise EngineOverloaded(f"{len(sched.waiting)} requests are already waiting for a slot")
         seq = Sequence(req, params, self.runner.layout, self.shared_pool, self.successors, self.history,
-                       self.row_rates)
+                       self.row_rates, self.full_yields)
         self._seqs[req.request_id] = seq
         sched.add(seq)
         if self.compiled is not None:

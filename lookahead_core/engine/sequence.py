@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -12,7 +13,7 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.history import SharedHistory
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.ngram_pool import NGramPool
-from lookahead_core.lookahead.pacing import Menu, StepChoice, StepKind, StepPacer
+from lookahead_core.lookahead.pacing import FullYields, Menu, StepChoice, StepKind, StepPacer
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.row_rates import RowRates
 from lookahead_core.lookahead.sampling import new_seed, position_uniform
@@ -104,6 +105,7 @@ class Sequence:
         successors: SuccessorTable | None = None,
         history: SharedHistory | None = None,
         row_rates: RowRates | None = None,
+        full_yields: FullYields | None = None,
     ) -> None:
         self.seq_id = req.request_id
         self.tokens: list[int] = list(req.prompt)
@@ -125,7 +127,11 @@ class Sequence:
         self._verify_offsets = np.zeros(1 + lay.max_tree_rows, dtype=np.int64)
         self.tree = CandidateTree(lay.max_tree_rows)
         self._hit = np.zeros(lay.max_tree_rows, dtype=bool)  # which tree rows a step accepted, reused
-        self.pacer = StepPacer() if params is not None and params.adapt else None
+        self.pacer: StepPacer | None = None
+        if params is not None and params.adapt:
+            sampled = self.sampling is not None
+            self.pacer = (StepPacer() if full_yields is None else
+                          StepPacer(full_yields.start(sampled), on_full=partial(full_yields.observe, sampled)))
         self.shared = shared
         self.history = history if params is not None and params.lookup else None
         self.successors = successors if params is not None and params.successors else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -74,6 +74,29 @@ def batch_width(menus: Sequence[Menu], ratio: Callable[[int], float], floor: int
     return best_w
 
 
+class FullYields:
+    """The tokens whole (FULL) steps yielded across the replica, by (sampled, copied run): where a
+    new request's pacer starts, rather than a fixed guess, so a replica whose windows stopped paying
+    (sampled text, say) does not widen the batch for every new request to find out again. Starts at
+    `prior`, above break-even, so whole steps get tried."""
+
+    def __init__(self, prior: float = 2.0, alpha: float = 0.05) -> None:
+        self.prior, self.alpha = prior, alpha
+        self.means: dict[tuple[bool, bool], float] = {}
+        self.clear()
+
+    def clear(self) -> None:
+        self.means = {(sampled, copied): self.prior for sampled in (False, True) for copied in (False, True)}
+
+    def start(self, sampled: bool) -> dict[bool, float]:
+        """A new request's expected FULL yield, by copied run."""
+        return {copied: self.means[(sampled, copied)] for copied in (False, True)}
+
+    def observe(self, sampled: bool, copied: bool, tokens: int) -> None:
+        key = (sampled, copied)
+        self.means[key] += self.alpha * (tokens - self.means[key])
+
+
 class StepPacer:
     """One request's expected tokens from a whole (FULL) step, learned from its own steps.
 
@@ -86,10 +109,13 @@ class StepPacer:
     step in `max_interval`, and one that pays again is found.
     """
 
-    def __init__(self, prior: float = 2.0, alpha: float = 0.25, min_interval: int = 4, max_interval: int = 64) -> None:
+    def __init__(self, prior: float | Mapping[bool, float] = 2.0, alpha: float = 0.25, min_interval: int = 4,
+                 max_interval: int = 64, on_full: Callable[[bool, int], None] | None = None) -> None:
         self.alpha = alpha
         self.min_interval, self.max_interval = min_interval, max_interval
-        self.yields = {c: prior for c in (False, True)}  # FULL's, above break-even so it gets tried
+        # FULL's expected yield by copied run: the replica's (`FullYields.start`), or one guess
+        self.yields = dict(prior) if isinstance(prior, Mapping) else {c: prior for c in (False, True)}
+        self.on_full = on_full  # told each FULL step's (copied, tokens), e.g. `FullYields.observe`
         self.interval = min_interval
         self.idle = 0
 
@@ -124,6 +150,8 @@ class StepPacer:
         if choice.kind is not StepKind.FULL:
             return
         self.yields[choice.copied] += self.alpha * (tokens - self.yields[choice.copied])
+        if self.on_full is not None:
+            self.on_full(choice.copied, tokens)
         if choice.to_beat is not None:
             won = self.yields[choice.copied] > choice.to_beat
             self.interval = self.min_interval if won else min(2 * self.interval, self.max_interval)

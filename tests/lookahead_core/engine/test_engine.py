@@ -257,6 +257,22 @@ def test_history_of_finished_text_speeds_up_a_repeat_and_keeps_it_exact(setup, h
         assert second.steps == first.steps and engine.history is None
 
 
+def test_full_steps_teach_the_replica_what_a_new_request_expects_of_them(setup):
+    """A paced greedy request alone runs whole steps; what they yielded becomes where the next
+    greedy request's pacer starts, and sampled requests' figure is left alone."""
+    model, cases = setup
+    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=0))
+    prompt, ref, _ = cases[0]
+    tokens, stats = _run_alone(engine, 0, prompt, LookaheadParams(2, 1, 0))
+    assert tokens == ref and stats.steps_by_kind.get("full", 0) > 0
+    means = engine.full_yields.means
+    assert any(means[(False, copied)] != 2.0 for copied in (False, True))
+    assert means[(True, False)] == means[(True, True)] == 2.0
+    engine.add_request(req(1, prompt, MAX_NEW, LookaheadParams(2, 1, 0)))
+    assert engine._seqs[1].pacer.yields == engine.full_yields.start(False)
+    assert set(engine.history_status()["full_step_yield"]) == {"greedy", "greedy_copied", "sampled", "sampled_copied"}
+
+
 def test_successor_nodes_that_do_not_earn_their_row_are_left_out(setup):
     """The planner prices one more row from measured step costs; tree rows accepted less often
     than that price leave a whole step, and the output stays exact."""

@@ -1,4 +1,6 @@
-from lookahead_core.lookahead.pacing import Option, StepKind, StepPacer, batch_width
+from functools import partial
+
+from lookahead_core.lookahead.pacing import FullYields, Option, StepKind, StepPacer, batch_width
 
 P, V, F = StepKind.PLAIN, StepKind.VERIFY, StepKind.FULL
 FULL_WIDTH = 9
@@ -117,3 +119,21 @@ def test_a_row_takes_its_best_kind_within_the_batch_width_and_retries_only_when_
         pacer.update(choice, 1)
     menu = pacer.menu(FULL_WIDTH, [(4, 1.2)], False)
     assert pacer.pick(menu, False, 9, lambda w: 1.0).kind is F  # width already paid for
+
+
+def test_a_new_request_starts_from_what_whole_steps_yielded_across_the_replica():
+    """Sampled requests whose windows never paid: the next one does not widen its first steps to
+    find out again (a fresh guess of 2.0 tokens would), and greedy requests keep their own figure."""
+    replica = FullYields()
+
+    def ratio(w):
+        return 1.5 if w > 1 else 1.0
+
+    for _ in range(10):  # earlier sampled requests, each running whole steps that yield 1 token
+        pacer = StepPacer(replica.start(True), on_full=partial(replica.observe, True))
+        _run(pacer, 40, lambda k: 1, ratio)
+    assert replica.means[(True, False)] < 1.2 and replica.means[(False, False)] == 2.0
+    fresh = _run(StepPacer(), 3, lambda k: 1, ratio)
+    informed = _run(StepPacer(replica.start(True)), 3, lambda k: 1, ratio)
+    assert fresh[0] is F and informed == [P, P, P]
+    assert _run(StepPacer(replica.start(False)), 1, lambda k: 1, ratio) == [F]  # greedy: still the prior

@@ -205,7 +205,8 @@ class Bench:
     def reset(self) -> None:
         self.tallies = {c.name: Tally() for c in self.configs}
         if self.engine is not None:  # the warm-up prompt's text is no one's
-            for state in (self.engine.successors, self.engine.history, self.engine.row_rates, self.engine.full_yields):
+            e = self.engine
+            for state in (e.successors, e.history, *e.row_rates.values(), e.full_yields):
                 if state is not None:
                     state.clear()
 

@@ -88,7 +88,8 @@ class Engine:
         self.history = SharedHistory(cfg.history_tokens) if cfg.history_tokens else None
         self.successors = (SuccessorTable(r.vocab_size, cfg.successor_topk, max(cfg.max_successors, 1))
                            if cfg.successor_topk else None)
-        self.row_rates = RowRates(Sequence.ROW_DEPTHS)
+        # greedy and sampled requests apart: a sampled one accepts a row only where its draw lands
+        self.row_rates = {sampled: RowRates(Sequence.ROW_DEPTHS) for sampled in (False, True)}
         self.full_yields = FullYields()
         self._prefill_mask = torch.zeros((1, 1, cfg.prefill_chunk, capacity), dtype=r.dtype, device=r.device)
         self._causal = torch.full((cfg.prefill_chunk, cfg.prefill_chunk), torch.finfo(r.dtype).min, dtype=r.dtype,
@@ -132,10 +133,12 @@ class Engine:
                                                "index_entries": len(hist), "bytes": hist.nbytes},
             "successors": None if succ is None else {
                 "k": succ.k, "tokens_known": succ.known, "bytes": succ.nbytes, "template_nodes": succ.max_nodes,
-                "node_acceptance": [round(float(r), 3) for r in succ.rates()[:8]]},
+                "node_acceptance": {kind: [round(float(r), 3) for r in succ.rates(sampled)[:8]]
+                                    for kind, sampled in (("greedy", False), ("sampled", True))}},
             # tree rows accepted per proposal, by source, at depths 1-4 (what a VERIFY step expects of them)
-            "row_acceptance": {name: [round(float(r), 3) for r in rates[:4]]
-                               for name, rates in zip(SOURCE_NAMES, self.row_rates.rates())},
+            "row_acceptance": {kind: {name: [round(float(r), 3) for r in rates[:4]]
+                                      for name, rates in zip(SOURCE_NAMES, self.row_rates[sampled].rates())}
+                               for kind, sampled in (("greedy", False), ("sampled", True))},
             # tokens a whole step (window and tree) yields, where each new request's pacer starts
             "full_step_yield": {("sampled" if sampled else "greedy") + ("_copied" if copied else ""): round(mean, 3)
                                 for (sampled, copied), mean in self.full_yields.means.items()},
@@ -319,21 +322,28 @@ class Engine:
         return outputs
 
     @staticmethod
-    def _draw(running: list[Sequence], rows: list[Row], logits: torch.Tensor) -> dict[int, list[int]]:
-        """Sampled requests' tokens, drawn for all of them at once per sampling setting (one
-        transfer each, not one per request); {batch row: tokens}."""
-        groups: dict[SamplingParams, list[tuple[int, list[int], list[float]]]] = {}
-        for b, (seq, row) in enumerate(zip(running, rows)):
-            if seq.sampling is not None:  # the seed lives in the uniforms: one group per warp
-                groups.setdefault(dataclasses.replace(seq.sampling, seed=None), []).append((b, *seq.draws(row)))
-        drawn: dict[int, list[int]] = {}
-        for params, members in groups.items():
-            index_b = torch.tensor([b for b, idx, _ in members for _ in idx], device=logits.device)
-            index_t = torch.tensor([t for _, idx, _ in members for t in idx], device=logits.device)
-            tokens = sample_rows(logits[index_b, index_t], params, [u for _, _, us in members for u in us])
-            at = 0
-            for b, idx, _ in members:
-                drawn[b], at = tokens[at : at + len(idx)], at + len(idx)
+    def _draw(running: list[Sequence], rows: list[Row], logits: torch.Tensor) -> dict[int, dict[int, int]]:
+        """Sampled requests' tokens along their walks: {batch row: {step row: token}}. Level by
+        level, each request's next row is drawn for all of them at once per sampling setting (one
+        transfer each); a row is drawn only once the walk reaches it, as plain sampling would."""
+        sampled = [b for b, seq in enumerate(running) if seq.sampling is not None]
+        drawn: dict[int, dict[int, int]] = {b: {} for b in sampled}
+        todo = [(b, 0, running[b].first_draw()) for b in sampled]
+        while todo:
+            groups: dict[SamplingParams, list[tuple[int, int, float]]] = {}
+            for b, at, u in todo:  # the seed lives in the uniforms: one group per warp
+                sp = running[b].sampling
+                assert sp is not None
+                groups.setdefault(dataclasses.replace(sp, seed=None), []).append((b, at, u))
+            todo = []
+            for params, members in groups.items():
+                index_b = torch.tensor([b for b, _, _ in members], device=logits.device)
+                index_t = torch.tensor([at for _, at, _ in members], device=logits.device)
+                tokens = sample_rows(logits[index_b, index_t], params, [u for _, _, u in members])
+                for (b, at, _), token in zip(members, tokens):
+                    drawn[b][at] = token
+                    if (nxt := running[b].next_draw(rows[b], at, token)) is not None:
+                        todo.append((b, *nxt))
         return drawn
 
     def _retire(self) -> None:

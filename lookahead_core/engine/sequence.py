@@ -1,7 +1,7 @@
 """One request's decoding state: tokens, lookahead window and pool, stop rule and figures."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from functools import partial
@@ -104,7 +104,7 @@ class Sequence:
         shared: SharedNGramPool | None = None,
         successors: SuccessorTable | None = None,
         history: SharedHistory | None = None,
-        row_rates: RowRates | None = None,
+        row_rates: Mapping[bool, RowRates] | None = None,
         full_yields: FullYields | None = None,
     ) -> None:
         self.seq_id = req.request_id
@@ -128,15 +128,16 @@ class Sequence:
         self.tree = CandidateTree(lay.max_tree_rows)
         self._hit = np.zeros(lay.max_tree_rows, dtype=bool)  # which tree rows a step accepted, reused
         self.pacer: StepPacer | None = None
+        sampled = self.sampling is not None
         if params is not None and params.adapt:
-            sampled = self.sampling is not None
             self.pacer = (StepPacer() if full_yields is None else
                           StepPacer(full_yields.start(sampled), on_full=partial(full_yields.observe, sampled)))
         self.shared = shared
         self.history = history if params is not None and params.lookup else None
         self.successors = successors if params is not None and params.successors else None
-        # how often rows like the tree's were accepted: the replica's, and this request's own
-        self.row_rates = row_rates if row_rates is not None else RowRates(self.ROW_DEPTHS)
+        # how often rows like the tree's were accepted: the replica's (for greedy or sampled
+        # requests, as this one is), and this request's own
+        self.row_rates = row_rates[sampled] if row_rates is not None else RowRates(self.ROW_DEPTHS)
         self._own_rates = RowRates(self.row_rates.max_depth, prior=False)
         self._order = np.zeros(0, dtype=np.int64)  # tree rows, likeliest first
         self._full_rows = 0  # the tree rows a whole step keeps
@@ -171,7 +172,7 @@ class Sequence:
         """Each successor template node's acceptance: the request's own, pulled toward the replica's."""
         assert self.successors is not None
         k = self.OWN_WEIGHT
-        return (self._node_accepted + k * self.successors.rates()) / (self._node_proposed + k)
+        return (self._node_accepted + k * self.successors.rates(self.sampling is not None)) / (self._node_proposed + k)
 
     def offer(self, row_price: float = 0.0) -> Offer:
         """Gather this step's candidates into the tree and offer the planner each width this
@@ -260,31 +261,43 @@ class Sequence:
         ran = tree.source[: tree.size] == Source.SUCCESSORS
         proposed = tree.tag[: tree.size][ran]
         accepted = [int(tree.tag[r]) for r in accepted_rows if tree.source[r] == Source.SUCCESSORS]
-        self.successors.observe(proposed, accepted)
+        self.successors.observe(proposed, accepted, self.sampling is not None)
         np.add.at(self._node_proposed, proposed, 1.0)
         np.add.at(self._node_accepted, np.asarray(accepted, dtype=np.int64), 1.0)
 
-    def draws(self, row: Row) -> tuple[list[int], list[float]]:
-        """The step rows a sampled request draws a token from (row 0 and the tree rows; the window
-        keeps its argmax, it only seeds the window) and each one's uniform, from its output position."""
-        seed = self.seed
-        assert seed is not None, "draws() is for sampled requests, which all have a seed"
-        tree, produced = self.tree, len(self.tokens) - self.prompt_len
-        depths = [0, *tree.depth[: tree.size].tolist()]
-        return [0, *range(row.cand_start, row.cand_start + tree.size)], [position_uniform(seed, produced + d) for d in depths]
+    def next_draw(self, row: Row, at: int, token: int) -> tuple[int, float] | None:
+        """A sampled request's walk, one drawn token at a time: given `token` drawn at step row
+        `at` (0 first: the last token's row), the step row whose token the walk needs next (the
+        tree child holding `token`) and its uniform, from its output position; None where the
+        walk ends. Rows off the walk are never drawn, so a rejected candidate costs no sampling."""
+        assert self.seed is not None, "next_draw() is for sampled requests, which all have a seed"
+        tree = self.tree
+        node = 0 if at == 0 else at - row.cand_start + 1
+        child = tree.child(node, token)
+        if child is None:
+            return None
+        produced = len(self.tokens) - self.prompt_len
+        return row.cand_start + child - 1, position_uniform(self.seed, produced + int(tree.depth[child - 1]))
 
-    def accept(self, pred: Seq[int], row: Row, drawn: Seq[int] | None = None) -> tuple[list[int], list[int]]:
+    def first_draw(self) -> float:
+        """The uniform of a sampled request's first token this step (step row 0)."""
+        assert self.seed is not None, "first_draw() is for sampled requests, which all have a seed"
+        return position_uniform(self.seed, len(self.tokens) - self.prompt_len)
+
+    def accept(self, pred: Seq[int], row: Row, drawn: Mapping[int, int] | None = None) -> tuple[list[int], list[int]]:
         """Verify against the step's outputs (`pred`: argmax per row; `drawn`: for a sampled
-        request, the tokens its `draws` rows drew); returns (step rows of the accepted candidate
-        tokens, the new tokens after stop rules)."""
+        request, the token drawn at each step row of its walk, from `next_draw`); returns (step
+        rows of the accepted candidate tokens, the new tokens after stop rules)."""
         lay, tree, start, choice = self.layout, self.tree, row.cand_start, row.choice
-        if drawn is not None:  # the walk follows the drawn tokens: row 0's, then the tree rows'
-            walk = [drawn[0]] * (start + tree.size)
-            walk[start:] = drawn[1:]
+        if drawn is not None:  # the walk follows the drawn tokens; it never reaches a row not drawn
+            walk = [-1] * (start + tree.size)
+            for at, token in drawn.items():
+                walk[at] = token
             pred_for_walk: Seq[int] = walk
         else:
             pred_for_walk = pred
         tree_rows, accepted = tree.walk_greedy(pred_for_walk, start)
+        assert accepted[-1] >= 0, "the sampled walk reached a row that was not drawn"
         rows = [start + r for r in tree_rows]
         accepted, self.finish_reason = self.stop.clip(accepted, len(self.tokens) - self.prompt_len)
         self.step_sources = None

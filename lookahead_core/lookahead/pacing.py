@@ -78,15 +78,20 @@ class FullYields:
     """The tokens whole (FULL) steps yielded across the replica, by (sampled, copied run): where a
     new request's pacer starts, rather than a fixed guess, so a replica whose windows stopped paying
     (sampled text, say) does not widen the batch for every new request to find out again. Starts at
-    `prior`, above break-even, so whole steps get tried."""
+    `prior`, above break-even, so whole steps get tried; the prior counts as one step, and the mean
+    is plain until it has seen 1 / `alpha` steps (then a moving average), so a fresh replica learns
+    in its first few steps rather than its first hundred."""
 
     def __init__(self, prior: float = 2.0, alpha: float = 0.05) -> None:
         self.prior, self.alpha = prior, alpha
         self.means: dict[tuple[bool, bool], float] = {}
+        self.counts: dict[tuple[bool, bool], int] = {}
         self.clear()
 
     def clear(self) -> None:
-        self.means = {(sampled, copied): self.prior for sampled in (False, True) for copied in (False, True)}
+        keys = [(sampled, copied) for sampled in (False, True) for copied in (False, True)]
+        self.means = dict.fromkeys(keys, self.prior)
+        self.counts = dict.fromkeys(keys, 0)
 
     def start(self, sampled: bool) -> dict[bool, float]:
         """A new request's expected FULL yield, by copied run."""
@@ -94,7 +99,8 @@ class FullYields:
 
     def observe(self, sampled: bool, copied: bool, tokens: int) -> None:
         key = (sampled, copied)
-        self.means[key] += self.alpha * (tokens - self.means[key])
+        self.counts[key] += 1
+        self.means[key] += max(self.alpha, 1.0 / (self.counts[key] + 1)) * (tokens - self.means[key])
 
 
 class StepPacer:

@@ -36,8 +36,9 @@ class SuccessorTable:
     logits; their top-k are kept instead of thrown away, so a token seen once in any context
     proposes its successors from then on. A candidate tree is expanded from the last token
     through the table along a fixed template of `max_nodes` rank paths; how often each template
-    node is accepted is counted here, replica-wide, so a request can leave out nodes that do not
-    earn their row. Memory: `vocab * k * 4` bytes and two floats per node, allocated once.
+    node is accepted is counted here, replica-wide and apart for greedy and sampled requests (a
+    sampled one accepts a node only where its draw lands on it), so a request can leave out nodes
+    that do not earn their row. Memory: `vocab * k * 4` bytes and four floats per node, allocated once.
     Shared by a replica's requests: what one request's steps computed speeds up another's,
     never changes its tokens.
     """
@@ -51,8 +52,9 @@ class SuccessorTable:
         self.table = np.full((vocab, k), -1, dtype=np.int32)
         self.template = tree_template(max_nodes, k)
         self.prior = np.array(_node_rates(self.template, k))
-        self.proposed = np.full(len(self.template), self.PSEUDO)
-        self.accepted = self.prior * self.PSEUDO
+        # [greedy, sampled] x node
+        self.proposed = np.full((2, len(self.template)), self.PSEUDO)
+        self.accepted = np.tile(self.prior * self.PSEUDO, (2, 1))
 
     @property
     def max_nodes(self) -> int:
@@ -67,18 +69,19 @@ class SuccessorTable:
         """Tokens with successors recorded."""
         return int((self.table[:, 0] >= 0).sum())
 
-    def rates(self) -> np.ndarray:
-        """Per template node, the share of its proposals that were accepted (prior included)."""
-        return self.accepted / self.proposed
+    def rates(self, sampled: bool = False) -> np.ndarray:
+        """Per template node, the share of its proposals that were accepted (prior included), by
+        greedy or sampled requests."""
+        return self.accepted[int(sampled)] / self.proposed[int(sampled)]
 
     def update(self, tokens: np.ndarray, topk: np.ndarray) -> None:
         """Record `topk[i]` (likeliest first) as the successors of `tokens[i]`; a later row wins."""
         self.table[tokens] = topk[:, : self.k]
 
-    def observe(self, proposed: Sequence[int], accepted: Sequence[int]) -> None:
+    def observe(self, proposed: Sequence[int], accepted: Sequence[int], sampled: bool = False) -> None:
         """Template nodes a step ran as tree rows, and those of them it accepted."""
-        np.add.at(self.proposed, np.asarray(proposed, dtype=np.int64), 1.0)
-        np.add.at(self.accepted, np.asarray(accepted, dtype=np.int64), 1.0)
+        np.add.at(self.proposed[int(sampled)], np.asarray(proposed, dtype=np.int64), 1.0)
+        np.add.at(self.accepted[int(sampled)], np.asarray(accepted, dtype=np.int64), 1.0)
 
     def propose(self, last: int, nodes: int, keep: np.ndarray | None = None) -> tuple[list[tuple[int, ...]], list[int]]:
         """Candidate paths from `last` through the table along the first `nodes` template nodes
@@ -106,7 +109,7 @@ class SuccessorTable:
     def clear(self) -> None:
         self.table.fill(-1)
         self.proposed.fill(self.PSEUDO)
-        self.accepted[:] = self.prior * self.PSEUDO
+        self.accepted[:] = self.prior * self.PSEUDO  # both rows
 
 
 def _node_rates(template: list[tuple[int, int]], k: int) -> list[float]:

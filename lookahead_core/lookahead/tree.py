@@ -100,6 +100,10 @@ class CandidateTree:
                 tags.append(tag)
         return self.build(cands, sources=sources, tags=tags)
 
+    def child(self, node: int, token: int) -> int | None:
+        """The child of `node` (0: the last token; tree row r is node r + 1) holding `token`, as a node."""
+        return self._children[node].get(token)
+
     def walk_greedy(self, predictions: Sequence[int], row0: int) -> tuple[list[int], list[int]]:
         """Follow the model's argmax down the tree: (tree rows accepted, accepted tokens + bonus).
 

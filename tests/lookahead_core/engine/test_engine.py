@@ -8,6 +8,7 @@ from lookahead_core.engine.model_runner import ModelRunner
 from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.pacing import StepKind
+from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.random_models import build_random_model
 from tests.lookahead_core.helpers import req, well_conditioned_cases
@@ -270,6 +271,11 @@ def test_full_steps_teach_the_replica_what_a_new_request_expects_of_them(setup):
     assert means[(True, False)] == means[(True, True)] == 2.0
     engine.add_request(req(1, prompt, MAX_NEW, LookaheadParams(2, 1, 0)))
     assert engine._seqs[1].pacer.yields == engine.full_yields.start(False)
+    # what greedy rows accepted is not what a sampled request expects of its rows, nor the reverse
+    engine.add_request(req(2, prompt, MAX_NEW, LookaheadParams(2, 1, 0), sampling=SamplingParams(1.0, seed=0)))
+    greedy, sampled = engine._seqs[1], engine._seqs[2]
+    assert greedy.row_rates is engine.row_rates[False] and sampled.row_rates is engine.row_rates[True]
+    assert engine.row_rates[False] is not engine.row_rates[True]
     assert set(engine.history_status()["full_step_yield"]) == {"greedy", "greedy_copied", "sampled", "sampled_copied"}
 
 

@@ -1,5 +1,7 @@
 from functools import partial
 
+import pytest
+
 from lookahead_core.lookahead.pacing import FullYields, Option, StepKind, StepPacer, batch_width
 
 P, V, F = StepKind.PLAIN, StepKind.VERIFY, StepKind.FULL
@@ -137,3 +139,21 @@ def test_a_new_request_starts_from_what_whole_steps_yielded_across_the_replica()
     informed = _run(StepPacer(replica.start(True)), 3, lambda k: 1, ratio)
     assert fresh[0] is F and informed == [P, P, P]
     assert _run(StepPacer(replica.start(False)), 1, lambda k: 1, ratio) == [F]  # greedy: still the prior
+
+
+def test_the_replica_figure_is_a_plain_mean_until_it_has_seen_enough_steps():
+    """A fresh replica learns from its first whole steps (the prior counts as one), then moves as
+    a moving average."""
+    replica = FullYields(prior=2.0, alpha=0.25)
+    replica.observe(True, False, 1)
+    assert replica.means[(True, False)] == 1.5
+    replica.observe(True, False, 1)
+    assert replica.means[(True, False)] == pytest.approx(4 / 3)
+    replica.observe(True, False, 1)
+    assert replica.means[(True, False)] == pytest.approx(1.25)  # (2 + 3) / 4: 1 / alpha steps
+    replica.observe(True, False, 5)
+    assert replica.means[(True, False)] == pytest.approx(1.25 + 0.25 * 3.75)  # a moving average from here
+    assert replica.means[(False, False)] == 2.0
+    replica.clear()
+    assert replica.means[(True, False)] == 2.0 and replica.counts[(True, False)] == 0
+

@@ -8,6 +8,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from lookahead_core import LookaheadParams, SamplingParams, generate
+from lookahead_core.engine import engine as engine_module
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.planner import StepPlanner
@@ -15,7 +16,7 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.ngram_pool import NGramPool
 from lookahead_core.lookahead.pacing import StepChoice, StepKind
-from lookahead_core.lookahead.sampling import position_uniform, sample, warp
+from lookahead_core.lookahead.sampling import position_uniform, sample, sample_rows, warp
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.lookahead.tree import CandidateTree
 from lookahead_core.models.random_models import build_random_model
@@ -65,11 +66,17 @@ def exact_joint(table, params):
 
 
 def engine_rule(dist_at, tree, uniforms):
-    """The engine's verification: every row draws its token at its position's uniform; the walk
-    follows the drawn tokens down the tree (row 0: the last token; tree row r at step row 1 + r)."""
-    drawn = [sample(dist_at(0), uniforms[0])]
-    drawn += [sample(dist_at(1 + r), uniforms[int(tree.depth[r])]) for r in range(tree.size)]
-    return tree.walk_greedy(drawn, 1)[1]
+    """The engine's verification: the walk draws the last token's row at its position's uniform,
+    then the tree row holding that token, and so on (tree row r is step row 1 + r, node r + 1);
+    rows off the walk are never drawn."""
+    drawn = [-1] * (1 + tree.size)
+    at, depth = 0, 0
+    while True:
+        drawn[at] = sample(dist_at(at), uniforms[depth])
+        child = tree.child(0 if at == 0 else at, drawn[at])
+        if child is None:
+            return tree.walk_greedy(drawn, 1)[1]
+        at, depth = child, int(tree.depth[child - 1])
 
 
 def wrong_rule(dist_at, tree, uniforms):
@@ -228,6 +235,34 @@ def test_successor_trees_sample_the_model_distribution(model, logits_table):
     look, multi, sources = _engine_joint(model, samples, params=params)
     assert multi > samples // 10 and set(sources) == {"successors"}
     assert gof(look, exact_joint(logits_table, CONFIGS["temperature 1.0"])) > 1e-3
+
+
+def test_a_step_draws_only_the_rows_its_walk_reaches(model, monkeypatch):
+    """A sampled walk draws the last token's row, then the tree row holding that token, and so
+    on: a step draws as many rows as it accepts tokens (the bonus included), never the rows of
+    candidates it rejected, and the tokens stay plain sampling's."""
+    drawn_rows = []
+
+    def counting(logits, params, uniforms):
+        drawn_rows.append(len(uniforms))
+        return sample_rows(logits, params, uniforms)
+
+    s = SamplingParams(1.0, seed=3)
+    plain = generate(model, torch.tensor([[5, 0, 1, 5]]), max_new_tokens=40, eos_token_id=[], sampling=s).tokens
+    monkeypatch.setattr(engine_module, "sample_rows", counting)
+    engine = Engine(model, EngineConfig(max_batch=1, max_new_tokens=48, max_n=N, max_w=2, max_g=G))
+    engine.add_request(req(0, [5, 0, 1, 5], 40, LookaheadParams(N, 2, G, adapt=False), sampling=s))
+    engine._seqs[0].pool.add_sequence(POOL_SEED * 3)
+    tokens, ran = [], 0
+    while engine.has_work():
+        for o in engine.step():
+            tokens += o.tokens
+            ran += 1 + (sum(o.sources[0]) if o.sources is not None else 0)  # the last token's row and the tree's
+    assert tokens == plain
+    # one row per token accepted; the last step may draw past the 40th token and cut there
+    assert len(tokens) <= sum(drawn_rows) <= len(tokens) + N + G
+    assert sum(drawn_rows) < ran / 2, (sum(drawn_rows), ran)  # drawing every row ran would draw `ran`
+    assert sum(drawn_rows) < ran  # rejected candidates' rows were never drawn
 
 
 def test_warp_matches_hf_warpers():

@@ -39,8 +39,12 @@ def test_later_rows_win_and_observed_rates_move_from_the_prior():
         table.observe([0, 1], [0])
     after = table.rates()
     assert after[0] > before[0] and after[1] < before[1]
+    assert np.array_equal(table.rates(sampled=True), before)  # greedy steps leave sampled requests' rates
+    for _ in range(20):
+        table.observe([0], [], sampled=True)
+    assert table.rates(sampled=True)[0] < before[0] and np.array_equal(table.rates(), after)
     table.clear()
-    assert table.known == 0 and table.rates()[0] == pytest.approx(RANK_HIT_RATE[0])
+    assert table.known == 0 and table.rates()[0] == table.rates(True)[0] == pytest.approx(RANK_HIT_RATE[0])
 
 
 def test_tree_rows_remember_their_source_and_tag():

@@ -1,7 +1,6 @@
 """The continuous-batching engine: requests join and leave at any step, one decode forward per step."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -326,15 +325,15 @@ class Engine:
         """Sampled requests' tokens along their walks: {batch row: {step row: token}}. Level by
         level, each request's next row is drawn for all of them at once per sampling setting (one
         transfer each); a row is drawn only once the walk reaches it, as plain sampling would."""
-        sampled = [b for b, seq in enumerate(running) if seq.sampling is not None]
+        sampled = [b for b, seq in enumerate(running) if seq.sampled]
         drawn: dict[int, dict[int, int]] = {b: {} for b in sampled}
         todo = [(b, 0, running[b].first_draw()) for b in sampled]
         while todo:
             groups: dict[SamplingParams, list[tuple[int, int, float]]] = {}
-            for b, at, u in todo:  # the seed lives in the uniforms: one group per warp
-                sp = running[b].sampling
-                assert sp is not None
-                groups.setdefault(dataclasses.replace(sp, seed=None), []).append((b, at, u))
+            for b, at, u in todo:  # one group per warp (`Sequence.sampling` holds no seed)
+                warp = running[b].sampling
+                assert warp is not None
+                groups.setdefault(warp, []).append((b, at, u))
             todo = []
             for params, members in groups.items():
                 index_b = torch.tensor([b for b, _, _ in members], device=logits.device)

@@ -1,6 +1,7 @@
 """One request's decoding state: tokens, lookahead window and pool, stop rule and figures."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -116,9 +117,11 @@ class Sequence:
         self.stats = SequenceStats(self.prompt_len)
         self.logprobs, self.prompt_logprobs = req.logprobs, req.prompt_logprobs
         self.prompt_lp: list | None = [None] if req.prompt_logprobs is not None else None
-        sampling = req.sampling
-        self.sampling = sampling if sampling is not None and not sampling.greedy else None
-        self.seed = (self.sampling.seed if self.sampling.seed is not None else new_seed()) if self.sampling else None
+        sampling = req.sampling if req.sampling is not None and not req.sampling.greedy else None
+        self.sampled = sampling is not None
+        self.seed = (sampling.seed if sampling.seed is not None else new_seed()) if sampling is not None else None
+        # the warp alone: the seed lives in the uniforms, so requests that warp alike draw together
+        self.sampling = dataclasses.replace(sampling, seed=None) if sampling is not None else None
         self.params = params
         self.layout = lay = layout_for(params)
         # Step positions: the layout's for the last token and window, tree depths after them;
@@ -128,7 +131,7 @@ class Sequence:
         self.tree = CandidateTree(lay.max_tree_rows)
         self._hit = np.zeros(lay.max_tree_rows, dtype=bool)  # which tree rows a step accepted, reused
         self.pacer: StepPacer | None = None
-        sampled = self.sampling is not None
+        sampled = self.sampled
         if params is not None and params.adapt:
             self.pacer = (StepPacer() if full_yields is None else
                           StepPacer(full_yields.start(sampled), on_full=partial(full_yields.observe, sampled)))
@@ -172,7 +175,7 @@ class Sequence:
         """Each successor template node's acceptance: the request's own, pulled toward the replica's."""
         assert self.successors is not None
         k = self.OWN_WEIGHT
-        return (self._node_accepted + k * self.successors.rates(self.sampling is not None)) / (self._node_proposed + k)
+        return (self._node_accepted + k * self.successors.rates(self.sampled)) / (self._node_proposed + k)
 
     def offer(self, row_price: float = 0.0) -> Offer:
         """Gather this step's candidates into the tree and offer the planner each width this
@@ -261,7 +264,7 @@ class Sequence:
         ran = tree.source[: tree.size] == Source.SUCCESSORS
         proposed = tree.tag[: tree.size][ran]
         accepted = [int(tree.tag[r]) for r in accepted_rows if tree.source[r] == Source.SUCCESSORS]
-        self.successors.observe(proposed, accepted, self.sampling is not None)
+        self.successors.observe(proposed, accepted, self.sampled)
         np.add.at(self._node_proposed, proposed, 1.0)
         np.add.at(self._node_accepted, np.asarray(accepted, dtype=np.int64), 1.0)
 

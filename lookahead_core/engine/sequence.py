@@ -118,7 +118,6 @@ class Sequence:
         self.logprobs, self.prompt_logprobs = req.logprobs, req.prompt_logprobs
         self.prompt_lp: list | None = [None] if req.prompt_logprobs is not None else None
         sampling = req.sampling if req.sampling is not None and not req.sampling.greedy else None
-        self.sampled = sampling is not None
         self.seed = (sampling.seed if sampling.seed is not None else new_seed()) if sampling is not None else None
         # the warp alone: the seed lives in the uniforms, so requests that warp alike draw together
         self.sampling = dataclasses.replace(sampling, seed=None) if sampling is not None else None
@@ -131,7 +130,7 @@ class Sequence:
         self.tree = CandidateTree(lay.max_tree_rows)
         self._hit = np.zeros(lay.max_tree_rows, dtype=bool)  # which tree rows a step accepted, reused
         self.pacer: StepPacer | None = None
-        sampled = self.sampled
+        sampled = sampling is not None
         if params is not None and params.adapt:
             self.pacer = (StepPacer() if full_yields is None else
                           StepPacer(full_yields.start(sampled), on_full=partial(full_yields.observe, sampled)))
@@ -163,6 +162,11 @@ class Sequence:
     @property
     def new_tokens(self) -> list[int]:
         return self.tokens[self.prompt_len :]
+
+    @property
+    def sampled(self) -> bool:
+        """Drawn from a distribution (temperature > 0), not greedy."""
+        return self.sampling is not None
 
     @property
     def finished(self) -> bool:

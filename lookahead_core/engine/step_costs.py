@@ -16,20 +16,29 @@ class StepCosts:
     A width never measured is assumed to cost what the widest measured narrower step costs, so
     it gets tried, and then measured; `prior_slope` stands in before anything is measured. A wide
     cell with fewer than `settle` forwards is blended with the prior (CPU timings err slow: one
-    preempted forward must not price a width out before it was tried again).
+    preempted forward must not price a width out before it was tried again). For the same reason
+    a forward counts at most `clip` times its cell's mean, and a cell not run in the last `stale`
+    forwards is priced by the prior again, so it gets tried and re-measured: a width priced out
+    under a burst of load is not priced out for good.
     One cell per (bucket, width) the engine can run: the state is bounded by its limits.
     """
 
-    def __init__(self, alpha: float = 0.1, prior_slope: float = 0.05, settle: int = 8) -> None:
+    def __init__(self, alpha: float = 0.1, prior_slope: float = 0.05, settle: int = 8, clip: float = 2.0,
+                 stale: int = 512) -> None:
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         if settle < 1:
             raise ValueError(f"settle must be >= 1, got {settle}")
+        if clip < 1 or stale < 1:
+            raise ValueError(f"clip must be >= 1 and stale >= 1, got {clip} and {stale}")
         self.alpha = alpha
         self.prior_slope = prior_slope
         self.settle = settle
+        self.clip = clip
+        self.stale = stale
         self._n: dict[tuple[int, int], int] = {}
         self._ms: dict[tuple[int, int], float] = {}
+        self._seen: dict[tuple[int, int], int] = {}  # the forward count at each cell's latest forward
         self._narrowest: dict[int, int] = {}  # per batch bucket, the narrowest measured width
         self._widest: dict[int, int] = {}
         self.observed = 0
@@ -41,11 +50,17 @@ class StepCosts:
             self._narrowest[key[0]] = width
         if width > self._widest.get(key[0], 0):
             self._widest[key[0]] = width
-        old = self._ms.get(key)
-        self._ms[key] = ms if old is None else old + self.alpha * (ms - old)
-        self._n[key] = self._n.get(key, 0) + 1
+        n = self._fresh_n(key)
+        old = self._ms.get(key) if n else None
+        self._ms[key] = ms if old is None else old + self.alpha * (min(ms, self.clip * old) - old)
+        self._n[key] = n + 1
         self.observed += 1
+        self._seen[key] = self.observed
         self.last = (batch, width, ms)
+
+    def _fresh_n(self, key: tuple[int, int]) -> int:
+        """Forwards behind this cell's mean; 0 once it has not run for `stale` forwards."""
+        return self._n.get(key, 0) if self.observed - self._seen.get(key, -self.stale) < self.stale else 0
 
     def measured(self, batch: int, width: int) -> float | None:
         """This cell's running mean, if a forward of this batch bucket and width has run."""
@@ -57,7 +72,7 @@ class StepCosts:
         for w in range(width, 0, -1):
             value = ms.get((bucket, w))
             if value is not None:
-                n = self._n[bucket, w]
+                n = self._fresh_n((bucket, w))
                 if w == 1 or n >= self.settle:
                     return value
                 one = self.one_token_ms(batch)

@@ -17,6 +17,23 @@ VOCAB = 512
 MAX_NEW = 28
 
 
+class HeldCosts(StepCosts):
+    """Step costs set once and then held: later forwards are counted, never timed."""
+
+    def __init__(self, cells: dict[tuple[int, int], float]) -> None:
+        super().__init__(settle=1)
+        for (batch, width), ms in cells.items():
+            super().observe(batch, width, ms)
+        self.held = True
+
+    def observe(self, batch: int, width: int, ms: float) -> None:
+        if not getattr(self, "held", False):
+            super().observe(batch, width, ms)
+            return
+        self.observed += 1
+        self.last = (batch, width, ms)
+
+
 def seed_oracle(engine, seq_id, oracle):
     """Seed a request's pool with its true continuation (plus decoys): long accepted blocks."""
     seq = engine._seqs[seq_id]
@@ -299,15 +316,11 @@ def test_successor_nodes_that_do_not_earn_their_row_are_left_out(setup):
 
 
 def test_where_only_a_second_row_is_cheap_steps_verify_the_likeliest_row(setup):
-    """Measured costs held still: two rows cost 1.05 one-token steps, more cost 2. A paced request
+    """Measured costs held: two rows cost 1.05 one-token steps, more cost 2. A paced request
     whose successor table knows its text then verifies its one likeliest tree row most steps (width
     2), accepts it often, and stays exact."""
     model, cases = setup
-    costs = StepCosts(alpha=1e-9, settle=1)
-    costs.observe(1, 1, 10.0)
-    costs.observe(1, 2, 10.5)
-    for width in range(3, 64):
-        costs.observe(1, width, 20.0)
+    costs = HeldCosts({(1, 1): 10.0, (1, 2): 10.5} | {(1, width): 20.0 for width in range(3, 64)})
     engine = Engine(ModelRunner(model, costs), EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=0,
                                                             history_tokens=0))
     prompt, ref, _ = cases[0]
@@ -342,15 +355,13 @@ def test_only_the_tail_of_a_finished_request_joins_the_shared_pool(setup):
 
 @pytest.mark.parametrize("wide_cost", [3.0, 1.01])
 def test_a_batch_steps_as_wide_as_pays_and_stays_exact(setup, wide_cost):
-    """Four requests with oracle pools under a measured cost curve held still (alpha ~0): where any
+    """Four requests with oracle pools under a measured cost curve held still: where any
     wide step costs 3 one-token steps, no row can pay for the whole batch and every step is one
     token wide; where width is nearly free, rows run whole steps and accept long blocks."""
     model, cases = setup
-    costs = StepCosts(alpha=1e-9, settle=1)
-    for batch in (1, 2, 4):  # every width held, so the machine's real timings cannot move them
-        costs.observe(batch, 1, 10.0)
-        for width in range(2, 64):
-            costs.observe(batch, width, 10.0 * wide_cost)
+    # every width held, so the machine's real timings cannot move them
+    costs = HeldCosts({(batch, width): 10.0 * (1 if width == 1 else wide_cost)
+                       for batch in (1, 2, 4) for width in range(1, 64)})
     engine = Engine(ModelRunner(model, costs), EngineConfig(max_batch=4, max_new_tokens=64))
     for i in range(4):
         engine.add_request(req(i, cases[i][0], MAX_NEW, LookaheadParams(4, 3, 3)))

@@ -1,3 +1,5 @@
+import pytest
+
 from lookahead_core.engine.step_costs import StepCosts, batch_bucket
 
 
@@ -69,3 +71,38 @@ def test_a_width_tried_only_a_few_times_is_priced_between_its_timings_and_the_pr
         c.observe(1, 2, 20.0)
     assert c.ratio(1, 2) == 2.0  # tried four times: its own timing
     assert c.ratio(1, 1) == 1.0
+
+
+def test_one_preempted_forward_moves_the_mean_by_at_most_clip():
+    c = StepCosts(alpha=0.1, settle=1, clip=2.0)
+    c.observe(1, 1, 10.0)
+    c.observe(1, 17, 30.0)
+    c.observe(1, 17, 3000.0)  # descheduled mid-forward
+    assert c.measured(1, 17) == 30.0 + 0.1 * (60.0 - 30.0)
+    c.observe(1, 17, 15.0)  # faster samples are never clipped
+    assert c.measured(1, 17) == 33.0 + 0.1 * (15.0 - 33.0)
+
+
+def test_a_width_priced_out_under_load_is_tried_again_once_its_timing_is_stale():
+    """A burst of load times the widest step at 10x; rows are then pruned, so that width would
+    never run again and never be re-measured. After `stale` forwards it is priced by the prior
+    again, and its next forward starts a fresh mean."""
+    c = StepCosts(alpha=0.5, prior_slope=0.05, settle=2, stale=100)
+    c.observe(1, 1, 10.0)
+    for _ in range(4):
+        c.observe(1, 17, 100.0)
+    assert c.ratio(1, 17) > 5 and c.row_price(1) > 0.3
+    for _ in range(99):  # plain steps only
+        c.observe(1, 1, 10.0)
+    assert c.ratio(1, 17) > 5  # still within `stale` forwards
+    c.observe(1, 1, 10.0)
+    assert c.ratio(1, 17) == c.prior_ratio(17) and c.row_price(1) == c.prior_slope
+    c.observe(1, 17, 20.0)  # tried again, unloaded: the old mean is gone
+    assert c.measured(1, 17) == 20.0
+    c.observe(1, 17, 20.0)
+    assert c.ratio(1, 17) == 2.0
+
+
+def test_costs_refuse_a_clip_below_one():
+    with pytest.raises(ValueError, match="clip"):
+        StepCosts(clip=0.5)

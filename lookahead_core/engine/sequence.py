@@ -204,7 +204,9 @@ class Sequence:
             sources += [Source.SHARED] * (len(cands) - len(sources))
         tags = [-1] * len(cands)
         if self.successors is not None:
-            succ, nodes = self.successors.propose(last, self.params.successors)
+            # nodes accepted less often than a row costs would leave every step: not built at all
+            keep = self.node_rates() >= row_price if row_price > 0 else None
+            succ, nodes = self.successors.propose(last, self.params.successors, keep)
             cands += succ
             sources += [Source.SUCCESSORS] * len(succ)
             tags += nodes

@@ -36,7 +36,7 @@ class LookaheadParams:
     pool_from_prompt: bool = True
     lookup: int = 8
     lookup_match: int = 2
-    successors: int = 8
+    successors: int = 32  # an upper bound: each step keeps the nodes worth a row at the measured price
     adapt: bool = True
 
     MINIMUM: ClassVar[dict[str, int]] = {"n": 2, "w": 1, "g": 0, "lookup": 0, "lookup_match": 1, "successors": 0}

@@ -77,5 +77,5 @@ def test_abort_frees_a_waiting_or_prefilling_slot_at_once_and_a_running_one_at_r
 
 def test_a_lookahead_sequence_builds_its_window_and_pool_from_the_prompt():
     seq = _seq("a", 6, LookaheadParams(3, 2, 2))
-    assert seq.layout.max_tokens == 1 + 4 + 4 + 8 + 8 and seq.window.levels and seq.pool.lookup(1) == [(2, 3)]
+    assert seq.layout.max_tokens == 1 + 4 + 4 + 8 + 32 and seq.window.levels and seq.pool.lookup(1) == [(2, 3)]
     assert _seq("b", 6).layout.max_tokens == 1

@@ -190,10 +190,14 @@ class Bench:
     """Runs the configurations on one prompt and keeps their tallies."""
 
     def __init__(self, model, configs: list[Config], max_new: int, sampling: SamplingParams | None,
-                 max_prompt_len: int = 0, engine: EngineConfig | None = None, gemm_autotune: bool = True) -> None:
+                 max_prompt_len: int = 0, engine: EngineConfig | None = None, gemm_autotune: bool = True,
+                 row_price: float | None = None) -> None:
         self.model, self.runner = model, ModelRunner(model)
         # with an engine config, our configurations share one long-lived engine (as a replica does)
         self.engine = Engine(self.runner, engine) if engine is not None else None
+        if row_price is not None:  # as if rows cost this on any machine: tokens per step, not speed
+            assert self.engine is not None, "a pinned row price needs the long-lived engine (--engine-compile)"
+            self.engine.planner.row_price = lambda requests: row_price  # type: ignore[method-assign]
         self.configs, self.max_new, self.sampling = configs, max_new, sampling
         self.tallies = {c.name: Tally() for c in configs}
         self.runs = 0
@@ -344,6 +348,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--engine-compile", choices=["off", "on"], default=None,
                     help="run our configurations on one long-lived engine (a replica's) with its decode forward "
                          "compiled (on) or eager (off); default: a fresh one-request engine per prompt, eager")
+    ap.add_argument("--row-price", type=float, default=None,
+                    help="with --engine-compile, pin the planner's price of one more row (in one-token steps) "
+                         "instead of measuring it: 0 runs every proposed row, as where width is free (tokens per "
+                         "step, not speed)")
     ap.add_argument("--compile-buckets", default="1x1,1x8,1x16", help="engine compile buckets, BATCHxWIDTH")
     ap.add_argument("--compile-autotune", choices=["on", "off"], default="on",
                     help="on CPU, both compiled peers (HF's and our engine's) time inductor's C++ GEMM template "
@@ -389,8 +397,10 @@ def main(argv: list[str] | None = None) -> dict:
             compile_kv=[int(k) for k in args.compile_kv.split(",")], compile_autotune=args.compile_autotune == "on",
             **({} if args.successor_prefill is None else {"successor_prefill": args.successor_prefill == "on"}))
     t_engine = time.perf_counter()
+    if args.row_price is not None and engine_config is None:
+        ap.error("--row-price needs --engine-compile (on or off): it pins the long-lived engine's planner")
     bench = Bench(model, configs, args.max_new_tokens, sampling, max(len(p) for p in prompts), engine_config,
-                  args.compile_autotune == "on")
+                  args.compile_autotune == "on", args.row_price)
     engine_compile_s = time.perf_counter() - t_engine
     compile_s = {name: peer.warm_up(prompts[0]) for name, peer in bench.compiled.items()}
     compiles = dict(torch._dynamo.utils.counters["frames"]).get("ok", 0)

@@ -23,6 +23,7 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, costs: StepCosts | None = None, max_layouts: int = 32) -> None:
         self.model = model
         self.costs = costs or StepCosts()
+        self._ready: set = set()  # compiled buckets whose readiness `costs` has been told of
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
@@ -89,6 +90,11 @@ class ModelRunner:
         [B, T, 1 + k]; logits [B, T, V]). The tokens reach the host in one transfer, the step's one
         sync; sampling reads the logits rows it needs. Through `compiled` where one of its buckets
         holds the step."""
+        if compiled is not None and len(compiled.ready) != len(self._ready):
+            # a bucket that just finished compiling: its batch's eager timings price it no more
+            for bucket in set(compiled.ready) - self._ready:
+                self.costs.forget(bucket.batch)
+                self._ready.add(bucket)
         t0 = time.perf_counter()
         if compiled is not None:
             pred, logits = compiled.forward(input_ids, position_ids, mask, cache)

@@ -58,9 +58,21 @@ class StepCosts:
         self._seen[key] = self.observed
         self.last = (batch, width, ms)
 
+    def forget(self, batch: int) -> None:
+        """This batch bucket's cells restart at their next forward (its forward changed: a compiled
+        graph took over from eager), the wider ones priced by the prior until then."""
+        bucket = batch_bucket(batch)
+        for key in self._seen:
+            if key[0] == bucket:
+                self._seen[key] = self.observed - self.stale
+
     def _fresh_n(self, key: tuple[int, int]) -> int:
         """Forwards behind this cell's mean; 0 once it has not run for `stale` forwards."""
         return self._n.get(key, 0) if self.observed - self._seen.get(key, -self.stale) < self.stale else 0
+
+    def samples(self, batch: int, width: int) -> int:
+        """Forwards behind this cell's mean (0 once stale or forgotten)."""
+        return self._fresh_n((batch_bucket(batch), width))
 
     def measured(self, batch: int, width: int) -> float | None:
         """This cell's running mean, if a forward of this batch bucket and width has run."""

@@ -37,6 +37,24 @@ def test_bench_decode_counts_differences_against_a_bf16_run(tiny_model_dir, tmp_
         assert (r["median_first_diff"] is None) == (r["identical"] == "2/2")
 
 
+def test_a_pinned_row_price_sets_how_many_tree_rows_a_whole_step_keeps(tiny_model_dir):
+    """--row-price 0 runs every proposed row; a price above any row's chance runs none, and the
+    output stays identical either way."""
+    widths = {}
+    for price in ("0", "100"):
+        report = bench_decode.main(["--model", str(tiny_model_dir), "--num-prompts", "2", "--prompt-len", "8",
+                                    "--max-new-tokens", "16", "--configs", "3,2,2,4,16 fixed", "--pld", "",
+                                    "--no-plain", "--dtype", "float32", "--engine-compile", "off",
+                                    "--row-price", price])
+        row = report["rows"][1]
+        assert row["identical"] == "2/2"
+        widths[price] = row["mean_width"]
+    assert widths["100"] == 1 + 2 * 2  # the last token and the window: no candidate row is worth 100 steps
+    assert widths["0"] > widths["100"]
+    with pytest.raises(SystemExit):
+        bench_decode.main(["--model", str(tiny_model_dir), "--row-price", "0"])  # needs the long-lived engine
+
+
 def test_first_difference():
     assert bench_decode.first_difference([1, 2, 3], [1, 2, 3]) is None
     assert bench_decode.first_difference([1, 2, 3], [1, 5, 3]) == 1

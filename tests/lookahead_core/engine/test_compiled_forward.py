@@ -196,6 +196,8 @@ def test_engine_compile_auto_serves_while_compiling(model):
     before = bucket["calls"]
     assert _serve(engine, PROMPTS[:1], ["off"]) == eager
     assert engine.compile_status()[0]["calls"] > before
+    costs = engine.runner.costs  # every forward was (1, 1); the eager ones no longer price it
+    assert 0 < costs.samples(1, 1) < costs.observed
 
 
 @pytest.mark.parametrize("buckets, error", [

@@ -106,3 +106,20 @@ def test_a_width_priced_out_under_load_is_tried_again_once_its_timing_is_stale()
 def test_costs_refuse_a_clip_below_one():
     with pytest.raises(ValueError, match="clip"):
         StepCosts(clip=0.5)
+
+
+def test_a_batch_whose_forward_changed_is_measured_afresh():
+    """Eager timings of width 2 must not price the compiled width-2 graph that took over."""
+    c = StepCosts(alpha=0.1, prior_slope=0.05, settle=2)
+    for _ in range(20):
+        c.observe(1, 1, 50.0)
+        c.observe(1, 2, 100.0)  # eager
+        c.observe(4, 1, 100.0)
+        c.observe(4, 2, 200.0)
+    assert c.ratio(1, 2) == 2.0
+    c.forget(1)
+    assert c.ratio(1, 2) == c.prior_ratio(2) and c.ratio(4, 2) == 2.0  # another batch bucket keeps its timings
+    c.observe(1, 1, 25.0)  # compiled
+    c.observe(1, 2, 30.0)
+    assert c.measured(1, 1) == 25.0 and c.measured(1, 2) == 30.0
+    assert c.samples(1, 2) == 1 and c.samples(4, 2) == 20

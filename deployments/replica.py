@@ -41,7 +41,7 @@ class LookaheadModel:
     def __init__(self, args: dict) -> None:
         self.started = time.time()
         self.args = AppArgs.model_validate(args)
-        torch.set_num_threads(self.args.threads)
+        self.core_plan = self.args.core_plan().apply()
         m = self.args.model
         model, tokenizer = load_model(resolve_path(m.path), gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
                                       attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
@@ -79,6 +79,8 @@ class LookaheadModel:
                 self.engine.step()
         if self.engine.shared_pool is not None:
             self.engine.shared_pool.clear()  # the warm-up text is no one's
+        if self.engine.prefixes is not None:
+            self.engine.prefixes.clear()
         return time.time() - start
 
     def _metrics(self) -> None:
@@ -121,6 +123,7 @@ class LookaheadModel:
             "device": self.args.model.device,
             "cpu_capability": cpu_capability(),
             "torch_threads": torch.get_num_threads(),
+            "core_plan": self.core_plan,
             "running": running,
             "waiting": waiting,
             "replica": {"pid": os.getpid(), "started_at": round(self.started, 3), "rss_mb": _rss_mb(),
@@ -128,6 +131,7 @@ class LookaheadModel:
             "kv_cache": {**engine.kv_plan.as_dict(), "max_seq_len": engine.max_seq_len},
             "auto_lookahead": engine.config.lookahead.label,
             "history": engine.history_status(),
+            "prefix_cache": None if engine.prefixes is None else engine.prefixes.status(),
             "step_costs_ms": engine.runner.costs.table(),
             "compiled_decode": {"mode": engine.config.compile, "buckets": engine.compile_status(),
                                 "eager_forwards": engine.compiled.eager_calls if engine.compiled else None},

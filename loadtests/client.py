@@ -1,5 +1,7 @@
-"""The one load-generation client: a streamed `/generate` request timed token by token, closed-loop
-users, and percentiles. `benchmarks.bench_http`, the cluster runs and the locust file use it."""
+"""The one load-generation client: a streamed request timed token by token (`/generate`'s events or
+OpenAI's chat chunks, so the same client measures this server and any OpenAI-compatible one),
+closed-loop users, and percentiles. `benchmarks.bench_http`, `benchmarks.bench_serving`, the cluster
+runs and the locust file use it."""
 from __future__ import annotations
 
 import json
@@ -47,6 +49,13 @@ def prompt_cycle(prompts: list[str], *, chat: bool, max_new_tokens: int, lookahe
         return generate_body(prompts[(user * 7 + k) % len(prompts)], chat=chat, max_new_tokens=max_new_tokens,
                              lookahead=lookahead, temperature=temperature)
     return body
+
+
+def chat_body(prompt: str, *, max_tokens: int, model: str, temperature: float = 0.0,
+              **extra: Any) -> dict[str, Any]:
+    """A streamed `/v1/chat/completions` body that asks for the usage chunk (completion tokens)."""
+    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}, **extra}
 
 
 @dataclass
@@ -103,12 +112,40 @@ def read_stream(out: Outcome, lines: Iterable[bytes | str], clock: Callable[[], 
     return out
 
 
+def read_openai_stream(out: Outcome, lines: Iterable[bytes | str], clock: Callable[[], float] = time.time) -> Outcome:
+    """Fill `out` from an OpenAI chat stream: a chunk with text is a token arrival, the usage chunk
+    is the summary and its completion tokens the count (a server may put several tokens in a chunk)."""
+    chunks = 0
+    for event in sse.events(lines):
+        if event == sse.DONE:
+            break
+        if "error" in event:
+            out.error = event["error"].get("message") or json.dumps(event["error"])
+            break
+        if any((c.get("delta") or {}).get("content") for c in event.get("choices") or ()):
+            now = clock()
+            out.first = now if out.first is None else out.first
+            out.last = now
+            chunks += 1
+        if event.get("usage"):
+            out.summary = event
+    if out.summary is not None:
+        out.tokens = out.summary["usage"]["completion_tokens"]
+    elif out.error is None:
+        out.tokens = chunks
+        out.error = "the stream ended without its usage chunk"
+    out.end = clock()
+    return out
+
+
 def generate(url: str, body: dict, timeout_s: float = 600, user: int = 0,
-             session: requests.Session | None = None) -> Outcome:
-    """POST a streamed body to `url`/generate and time it; never raises for HTTP or network errors."""
+             session: requests.Session | None = None, route: str = "/generate") -> Outcome:
+    """POST a streamed body to `url` + `route` (/generate, or an OpenAI chat route) and time it;
+    never raises for HTTP or network errors."""
     out = Outcome(start=time.time(), user=user)
+    read = read_stream if route == "/generate" else read_openai_stream
     try:
-        with (session or requests).post(url + "/generate", json=body, stream=True, timeout=timeout_s) as r:
+        with (session or requests).post(url + route, json=body, stream=True, timeout=timeout_s) as r:
             out.status = r.status_code
             if r.status_code != 200:
                 try:
@@ -117,7 +154,7 @@ def generate(url: str, body: dict, timeout_s: float = 600, user: int = 0,
                     out.error = r.text[:200]
                 out.end = time.time()
                 return out
-            return read_stream(out, r.iter_lines())
+            return read(out, r.iter_lines())
     except requests.RequestException as exc:
         out.error, out.end = f"client: {type(exc).__name__}: {exc}", time.time()
         return out
@@ -125,12 +162,13 @@ def generate(url: str, body: dict, timeout_s: float = 600, user: int = 0,
 
 @dataclass
 class ClosedLoop:
-    """`users` threads, each sending its next request as soon as the last one ends, until `stop()`
-    or the deadline given to `run`. `body(user, k)` gives user's k-th request body."""
+    """`users` threads, each sending its next request as soon as the last one ends, until `stop()`,
+    the deadline given to `run`, or `body(user, k)` (user's k-th request body) gives None."""
     url: str
     users: int
-    body: Callable[[int, int], dict]
+    body: Callable[[int, int], dict | None]
     timeout_s: float = 600
+    route: str = "/generate"
     outcomes: list[Outcome] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -143,7 +181,10 @@ class ClosedLoop:
         k = 0
         with requests.Session() as session:
             while not self._stop.is_set() and time.time() < self._deadline:
-                out = generate(self.url, self.body(user, k), self.timeout_s, user, session)
+                body = self.body(user, k)
+                if body is None:
+                    break
+                out = generate(self.url, body, self.timeout_s, user, session, self.route)
                 k += 1
                 with self._lock:
                     self.outcomes.append(out)
@@ -168,6 +209,16 @@ class ClosedLoop:
         for t in self._threads:
             t.join()
         return list(self.outcomes)
+
+
+def each_once(bodies: list[dict]) -> Callable[[int, int], dict | None]:
+    """`body(user, k)` handing out `bodies` once each, in order, to whichever user asks next."""
+    lock, it = threading.Lock(), iter(bodies)
+
+    def body(user: int, k: int) -> dict | None:
+        with lock:
+            return next(it, None)
+    return body
 
 
 def percentiles(values: Iterable[float | None], qs: Iterable[int] = (50, 95)) -> dict[str, float | None]:

@@ -85,7 +85,7 @@ TESTS = Path(__file__).resolve().parent
 # Modules under tests/deployments/ and tests/loadtests/ that start no Ray (config, schema, guard,
 # protocol and policy arithmetic; SLO, shape, report and stream-parsing helpers): they stay in the fast tier.
 NO_RAY = {
-    "deployments/test_autoscaling.py", "deployments/test_configs.py", "deployments/test_guard.py",
+    "deployments/test_autoscaling.py", "deployments/test_configs.py", "deployments/test_core_plan.py", "deployments/test_guard.py",
     "deployments/test_kuberay.py", "deployments/test_protocol.py",
     "loadtests/test_client.py", "loadtests/test_guidellm_summary.py", "loadtests/test_shapes.py", "loadtests/test_slo.py",
     "loadtests/test_soak.py",
@@ -103,7 +103,7 @@ def pytest_collection_modifyitems(config, items):
         if rel.startswith("cluster/"):
             item.add_marker(pytest.mark.cluster)
             item.add_marker(pytest.mark.slow)  # the cluster's replicas serve the real model
-        if ("server" in item.fixturenames or rel == "benchmarks/test_bench_http.py"
+        if ("server" in item.fixturenames or rel in ("benchmarks/test_bench_http.py", "benchmarks/test_bench_serving.py")
                 or (rel.startswith(("deployments/", "loadtests/")) and rel not in NO_RAY)):
             item.add_marker(pytest.mark.serve)
         if rel in REAL_MODEL:

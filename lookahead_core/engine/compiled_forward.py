@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._inductor import list_mode_options
+from torch._inductor import list_mode_options, select_algorithm
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations import sdpa_attention
 
@@ -121,6 +121,12 @@ def install_sdpa_gqa() -> None:
     sdpa_attention.use_gqa_in_sdpa = use_gqa
 
 
+def quiet_autotune() -> None:
+    """Inductor prints every GEMM's autotuning table to stderr (about a hundred lines a bucket);
+    the compile logs one line per bucket instead. Process-wide, as inductor's switch is."""
+    select_algorithm.PRINT_AUTOTUNE = False
+
+
 def _decode_step(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: Cache):
     logits = model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache, use_cache=True).logits
     return logits, logits.argmax(dim=-1)
@@ -176,6 +182,7 @@ class _Staging:
         self.cache = _BucketCache(kv_pairs, self.rows, self.cols, k)
         self.bucket = bucket
         self.compile_s: float | None = None
+        self.alone_ms: float | None = None  # one call's time right after its compile, the engine idle
         self.calls = 0
 
     def _pad(self, rows: int, width: int, kv_len: int, inputs: bool = True, mask: bool = True) -> None:
@@ -319,6 +326,7 @@ class CompiledForward:
         self._fn = (torch.compile(_decode_step, fullgraph=True, dynamic=False, options=options,  # type: ignore[call-overload]
                                   isolate_recompiles=True, recompile_limit=graphs) if compile else _decode_step)
         install_sdpa_gqa()
+        quiet_autotune()
         self._compiler: threading.Thread | None = None
         self.lazy = lazy  # compile a bucket on its first step; else only warmed-up buckets run compiled
         self.ready: set[Bucket] = set()
@@ -334,7 +342,8 @@ class CompiledForward:
     # ---- buckets ----------------------------------------------------------------------------
 
     def bucket_for(self, rows: int, width: int, kv_len: int) -> Bucket | None:
-        """The smallest bucket holding the step, or None (the eager forward runs it)."""
+        """With `lazy`: the smallest bucket of the size grid holding the step (compiled on its first
+        step), or None (the eager forward runs it)."""
         if kv_len > self.scratch:  # the scratch column must stay outside every real write
             return None
         picks = []
@@ -344,6 +353,16 @@ class CompiledForward:
                 return None
             picks.append(sizes[i])
         return Bucket(*picks)
+
+    def ready_bucket_for(self, rows: int, width: int, kv_len: int) -> Bucket | None:
+        """The cheapest compiled bucket that holds the step (fewest padded rows x width x keys), or
+        None. Batch, width and keys are not rounded up apart: with buckets (1, 1), (8, 1) and
+        (32, 16), a step (4, 3) runs in (32, 16), never in an uncompiled (8, 4)."""
+        if kv_len > self.scratch:  # the scratch column must stay outside every real write
+            return None
+        held = [b for b in list(self.ready)  # one copy: the compile thread adds to it
+                if b.batch >= rows and b.width >= width and b.kv >= kv_len]
+        return min(held, key=lambda b: (b.batch * b.width * b.kv, b.batch), default=None)
 
     def _kv_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         layers = self.cache.layers
@@ -407,7 +426,22 @@ class CompiledForward:
             if first and st.compile_s is not None:
                 out[bucket] = st.compile_s
                 release_freed_memory()
+                st.alone_ms = self._time_alone(st)
         return out
+
+    def _time_alone(self, st: _Staging, calls: int = 5) -> float | None:
+        """The median of a few all-padding calls while the engine has no request: what this graph
+        costs with the cores to itself, beside which /health shows what the same steps cost served.
+        None when the engine stepped meanwhile (that timing would not be alone)."""
+        if self.busy:
+            return None
+        times = []
+        with torch.inference_mode():
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                self._fn(self.model, st.ids, st.pos, st.mask, st.cache)
+                times.append((time.perf_counter() - t0) * 1000.0)
+        return None if self.busy else round(sorted(times)[calls // 2], 3)
 
     def compile_in_background(self, buckets: Iterable[Bucket | tuple[int, int, int]]) -> threading.Thread:
         """Compile these buckets one by one on a daemon thread while steps run eagerly; each bucket
@@ -428,7 +462,7 @@ class CompiledForward:
                 try:
                     seconds = self.warmup([b]).get(b)
                     if seconds is not None:
-                        log.info("compiled decode bucket %s in %.1f s", b, seconds)
+                        log.warning("compiled decode bucket %s in %.1f s", b, seconds)
                 except Exception as exc:  # a bucket that cannot compile keeps running eagerly
                     self.failed[b] = f"{type(exc).__name__}: {exc}"
                     log.exception("compiling decode bucket %s failed; it stays eager", b)
@@ -447,6 +481,7 @@ class CompiledForward:
         """Every bucket set up: its shape, whether it runs compiled, its compile seconds and calls."""
         return [{"batch": b.batch, "width": b.width, "kv": b.kv, "ready": b in self.ready,
                  "compile_s": None if st.compile_s is None else round(st.compile_s, 1), "calls": st.calls,
+                 "alone_ms": st.alone_ms,
                  **({"error": self.failed[b]} if b in self.failed else {})}
                 for b, st in list(self._staging.items())]
 
@@ -457,11 +492,11 @@ class CompiledForward:
         rows, width = input_ids.shape
         lo, hi = cache.rows
         ours = lo == 0 and hi == rows and cache is self.cache
-        bucket = self.bucket_for(rows, width, mask.shape[-1]) if ours else None
+        kv_len = mask.shape[-1]
+        bucket = None if not ours else self.bucket_for(rows, width, kv_len) if self.lazy else \
+            self.ready_bucket_for(rows, width, kv_len)
         if bucket is not None and bucket.batch > rows and max(cache.lengths[rows : bucket.batch]) > self.scratch:
             bucket = None  # a padding row's slot holds a token in the scratch column
-        if bucket is not None and not self.lazy and bucket not in self.ready:
-            bucket = None  # still compiling, or never asked for
         if bucket is None:
             return self.eager(input_ids, position_ids, mask, cache)
         st = self._stage_for(bucket)

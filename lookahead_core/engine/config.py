@@ -71,6 +71,11 @@ class EngineConfig(BaseModel):
     successor_prefill: bool = Field(
         False, description="also record the top-k after every prompt token: logits for every prefill row, ~25% more "
                            "prefill; on chat prompts it did not raise acceptance (docs/BENCHMARKS.md)")
+    prefix_cache_tokens: int = Field(
+        512, ge=0, description="tokens of prompt prefixes whose keys and values are kept and copied into a new "
+                               "request's slot where its prompt starts with one (a chat template's system prompt, a "
+                               "conversation's earlier turns): the prefill skips them; counted in the KV budget; 0 "
+                               "turns it off")
     layout_cache: int = Field(32, ge=1, description="step layouts kept, one per (N, W, G, lookup, successors) in use")
     compile: Literal["off", "on", "auto"] = Field(
         "off", description="decode forward compiled per bucket: \"on\" compiles every bucket before the engine "

@@ -15,6 +15,7 @@ from lookahead_core.engine.kv_cache import BatchKVCache
 from lookahead_core.engine.logprobs import TokenLogprob, token_logprobs
 from lookahead_core.engine.model_runner import ModelRunner
 from lookahead_core.engine.planner import StepPlanner
+from lookahead_core.engine.prefix_cache import PrefixCache
 from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.scheduler import Scheduler, SlotMove
 from lookahead_core.engine.sequence import Row, Sequence, SequenceStats
@@ -76,7 +77,8 @@ class Engine:
         if isinstance(budget, float) and free_bytes is None:
             free_bytes = free_memory(r.device)
         self.kv_plan: KVPlan = plan_kv(cfg.max_batch, capacity, r.kv_bytes_per_token,
-                                       cfg.max_step_tokens * capacity * r.dtype.itemsize, budget, free_bytes)
+                                       cfg.max_step_tokens * capacity * r.dtype.itemsize, budget, free_bytes,
+                                       reserved_tokens=cfg.prefix_cache_tokens)
         self.max_batch = slots = self.kv_plan.slots
         self.cache = BatchKVCache(r.num_layers, slots, capacity, r.device)
         self.buffers = BatchStepBuffers(slots, cfg.max_step_tokens, capacity, r.dtype, r.device)
@@ -90,6 +92,7 @@ class Engine:
         # greedy and sampled requests apart: a sampled one accepts a row only where its draw lands
         self.row_rates = {sampled: RowRates(Sequence.ROW_DEPTHS) for sampled in (False, True)}
         self.full_yields = FullYields()
+        self.prefixes = PrefixCache(cfg.prefix_cache_tokens) if cfg.prefix_cache_tokens else None
         self._prefill_mask = torch.zeros((1, 1, cfg.prefill_chunk, capacity), dtype=r.dtype, device=r.device)
         self._causal = torch.full((cfg.prefill_chunk, cfg.prefill_chunk), torch.finfo(r.dtype).min, dtype=r.dtype,
                                   device=r.device).triu_(1)
@@ -118,7 +121,7 @@ class Engine:
         buckets = [Bucket(b, w, kv) for b, w in cfg.compile_buckets for kv in kvs]
         if cfg.compile == "on":
             for bucket, seconds in cf.warmup(buckets).items():
-                log.info("compiled decode bucket %s in %.1f s", bucket, seconds)
+                log.warning("compiled decode bucket %s in %.1f s", bucket, seconds)
         else:
             cf.compile_in_background(buckets)
         return cf
@@ -144,8 +147,13 @@ class Engine:
         }
 
     def compile_status(self) -> list[dict]:
-        """The compiled decode buckets: shape, ready or not, compile seconds, steps run (for /health)."""
-        return [] if self.compiled is None else self.compiled.status()
+        """The compiled decode buckets: shape, ready or not, compile seconds, steps run, and what the
+        graph cost alone beside what steps of its batch and width cost served (for /health)."""
+        if self.compiled is None:
+            return []
+        costs = self.runner.costs
+        return [{**b, "served_ms": None if (ms := costs.measured(b["batch"], b["width"])) is None else round(ms, 3)}
+                for b in self.compiled.status()]
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -223,8 +231,11 @@ class Engine:
         t0 = time.perf_counter()
         outputs, self._finished_early = self._finished_early, []
         self._retire()
-        # Admit while the next prompt needs no prefill forward (one token); at most one chunk runs.
+        # Admit while the next prompt needs no prefill forward (one token, or a stored prefix);
+        # at most one chunk runs.
         while (job := self.scheduler.next_prefill()) is not None:
+            if job[1] == 0 and self._reuse_prefix(job[0]):
+                continue
             self._prefill(*job)
             if job[2] > 0:
                 break
@@ -256,9 +267,26 @@ class Engine:
             if top is not None and seq.prompt_lp is not None:  # row i predicts prompt token start + i + 1
                 seq.prompt_lp += token_logprobs(logits[0], range(n), seq.tokens[start + 1 : start + n + 1], top)
         self.prefill_s += time.perf_counter() - t0
-        self.cache.lengths[slot] = start + n
-        if self.scheduler.prefill_done(n) is not None:
-            self.buffers.reset_slot(slot, start + n)
+        self._prefilled(seq, slot, start + n, n)
+
+    def _reuse_prefix(self, seq: Sequence) -> bool:
+        """Copy the longest stored prefix of a newly admitted prompt into its slot; True if any.
+        Not for requests that want the prompt's logprobs (a copied prefix has no logits)."""
+        if self.prefixes is None or seq.prompt_logprobs is not None or self.config.successor_prefill:
+            return False
+        assert seq.slot is not None  # admitted into a slot
+        reused = self.prefixes.load(seq.tokens[: seq.prompt_len - 1], self.cache, seq.slot)
+        if reused:
+            self._prefilled(seq, seq.slot, reused, reused)
+        return reused > 0
+
+    def _prefilled(self, seq: Sequence, slot: int, length: int, tokens: int) -> None:
+        """`tokens` more of the prompt are in the slot, `length` in all; a prompt now whole starts decoding."""
+        self.cache.lengths[slot] = length
+        if self.scheduler.prefill_done(tokens) is not None:
+            self.buffers.reset_slot(slot, length)
+            if self.prefixes is not None and length == seq.prompt_len - 1:
+                self.prefixes.store(seq.tokens[:length], self.cache, slot)
 
     def _decode(self) -> list[StepOutput]:
         sched = self.scheduler

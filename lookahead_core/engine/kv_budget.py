@@ -24,33 +24,38 @@ class KVPlan:
     bytes_per_token: int  # keys and values of every layer
     bytes_per_slot: int  # KV plus the slot's step mask
     budget_bytes: int | None  # None: no budget, max_batch slots
-    total_bytes: int
+    total_bytes: int  # the slots and the reserved bytes
+    reserved_bytes: int = 0  # taken from the budget before the slots (stored prompt prefixes)
 
     def describe(self) -> str:
         budget = "no budget" if self.budget_bytes is None else f"budget {self.budget_bytes / 2**20:.0f} MiB"
+        prefixes = f" + {self.reserved_bytes / 2**20:.0f} MiB of prompt prefixes" if self.reserved_bytes else ""
         return (f"KV cache: {self.slots} slots x {self.capacity_tokens} tokens x {self.bytes_per_token / 1024:.1f} KiB "
-                f"(+ step mask) = {self.total_bytes / 2**20:.0f} MiB ({budget})")
+                f"(+ step mask){prefixes} = {self.total_bytes / 2**20:.0f} MiB ({budget})")
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 def plan_kv(max_batch: int, capacity: int, bytes_per_token: int, mask_bytes_per_slot: int,
-            budget: float | int | None, free_bytes: int | None) -> KVPlan:
+            budget: float | int | None, free_bytes: int | None, reserved_tokens: int = 0) -> KVPlan:
     """Fit slots of `capacity` tokens into `budget` (bytes, or a fraction of `free_bytes`), at most
-    `max_batch`; raise ValueError when not even one fits."""
+    `max_batch`, after `reserved_tokens` of KV kept outside the slots; raise ValueError when not
+    even one fits."""
     per_slot = capacity * bytes_per_token + mask_bytes_per_slot
+    reserved = reserved_tokens * bytes_per_token
     if budget is None:
-        return KVPlan(max_batch, capacity, bytes_per_token, per_slot, None, max_batch * per_slot)
+        return KVPlan(max_batch, capacity, bytes_per_token, per_slot, None, max_batch * per_slot + reserved, reserved)
     if isinstance(budget, float):
         assert free_bytes is not None, "a fractional KV budget needs free_bytes"
         budget_bytes = int(budget * free_bytes)
     else:
         budget_bytes = int(budget)
-    slots = min(max_batch, budget_bytes // per_slot)
+    slots = min(max_batch, max(budget_bytes - reserved, 0) // per_slot)
     if slots < 1:
         raise ValueError(
             f"the KV cache budget of {budget_bytes / 2**20:.1f} MiB holds no sequence: one of max_seq_len "
-            f"{capacity} tokens (with one step's rows) needs {per_slot / 2**20:.1f} MiB; raise engine.kv_cache_memory "
-            f"or lower engine.max_seq_len")
-    return KVPlan(slots, capacity, bytes_per_token, per_slot, budget_bytes, slots * per_slot)
+            f"{capacity} tokens (with one step's rows) needs {per_slot / 2**20:.1f} MiB"
+            + (f" beside {reserved / 2**20:.1f} MiB of prompt prefixes" if reserved else "")
+            + "; raise engine.kv_cache_memory or lower engine.max_seq_len" + (" or engine.prefix_cache_tokens" if reserved else ""))
+    return KVPlan(slots, capacity, bytes_per_token, per_slot, budget_bytes, slots * per_slot + reserved, reserved)

@@ -23,9 +23,12 @@ class NGramPool:
         self.cap = cap
         self.max_keys = max_keys
         self._table: dict[int, dict[tuple[int, ...], None]] = {}
+        # continuations held, kept as they change: /health reads it from another thread, and
+        # iterating the table there would race the engine thread's inserts
+        self._size = 0
 
     def __len__(self) -> int:
-        return sum(len(conts) for conts in self._table.values())
+        return self._size
 
     def add(self, key: int, continuation: tuple[int, ...]) -> None:
         if self.cap == 0:
@@ -33,13 +36,16 @@ class NGramPool:
         conts = self._table.get(key)
         if conts is None:
             if self.max_keys is not None and len(self._table) >= self.max_keys:
-                del self._table[next(iter(self._table))]
+                self._size -= len(self._table.pop(next(iter(self._table))))
             self._table[key] = {continuation: None}
+            self._size += 1
             return
         if continuation in conts:
             del conts[continuation]
         elif len(conts) >= self.cap:
             del conts[next(iter(conts))]
+        else:
+            self._size += 1
         conts[continuation] = None
 
     def add_sequence(self, tokens: Sequence[int], start: int = 0) -> None:
@@ -57,3 +63,4 @@ class NGramPool:
 
     def clear(self) -> None:
         self._table.clear()
+        self._size = 0

@@ -72,20 +72,40 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return warp_rows(torch.from_numpy(np.asarray(logits, dtype=np.float64))[None], params)[0].numpy()
 
 
+# top-p looks at this many likeliest tokens first; the whole vocabulary is sorted only for rows
+# whose nucleus is wider (a flat distribution at a high temperature)
+TOP_P_PREFIX = 1024
+
+
 def warp_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """`warp` for rows [R, V] on the logits' device, in float64."""
-    z = logits.double() / params.temperature
+    z = logits.double()
+    # The row's maximum first: any positive temperature, however small, then leaves the likeliest
+    # token(s) at 0 and sends the rest to -inf (the greedy limit), never inf - inf = NaN.
+    z = (z - z.amax(dim=-1, keepdim=True)) / params.temperature
     if params.top_k and params.top_k < z.shape[-1]:
         kth = torch.topk(z, params.top_k, dim=-1).values[:, -1:]
         z = z.masked_fill(z < kth, -torch.inf)
     p = torch.softmax(z, dim=-1)
     if params.top_p < 1.0:
-        sorted_p, order = torch.sort(p, dim=-1)  # ascending, as HF's TopPLogitsWarper
-        drop = sorted_p.cumsum(-1) <= 1 - params.top_p
-        drop[:, -1] = False  # always keep the most likely token
-        p = p.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-        p = p / p.sum(-1, keepdim=True)
+        p = _top_p(p, params.top_p)
     return p
+
+
+def _top_p(p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """HF's TopPLogitsWarper on probabilities: in ascending order, tokens whose cumulative mass is at
+    most 1 - top_p go (the likeliest always stays), i.e. a token stays while the mass strictly
+    likelier than it is below top_p. Only the likeliest `TOP_P_PREFIX` are sorted when they hold
+    the nucleus, as they nearly always do."""
+    k = min(TOP_P_PREFIX, p.shape[-1])
+    top, order = torch.topk(p, k, dim=-1)  # descending
+    if k < p.shape[-1] and bool((top.sum(-1) < top_p).any()):
+        top, order = torch.sort(p, dim=-1, descending=True)
+    likelier = top.cumsum(-1) - top  # mass strictly before each token in descending order
+    keep = likelier < top_p
+    keep[:, 0] = True
+    out = torch.zeros_like(p).scatter_(-1, order, top.masked_fill(~keep, 0.0))
+    return out / out.sum(-1, keepdim=True)
 
 
 def sample(p: np.ndarray, u: float) -> int:

@@ -25,7 +25,7 @@ class SharedNGramPool:
         self._pools: dict[int, NGramPool] = {}
 
     def __len__(self) -> int:
-        return sum(len(p) for p in self._pools.values())
+        return sum(len(p) for p in list(self._pools.values()))  # one copy: `track` may add a pool meanwhile
 
     def track(self, n: int) -> None:
         """Start keeping n-grams of size n; requests finished before this are not in it."""

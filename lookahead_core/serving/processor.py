@@ -32,6 +32,10 @@ from lookahead_core.serving.text_stream import TextStream
 log = logging.getLogger(__name__)
 
 
+# A prompt of more characters than this times max_prompt_tokens is refused without tokenizing it.
+MAX_CHARS_PER_TOKEN = 64
+
+
 class RequestLimits(BaseModel):
     """What one request may ask for beyond the engine's own limits; anything beyond is a 4xx with a message."""
 
@@ -59,8 +63,21 @@ class RequestProcessor:
 
     # ---- before the engine --------------------------------------------------------------------
 
+    def check_prompt_size(self, req: ServeRequest) -> None:
+        """Refuse text far beyond the token limit before tokenizing it (a 1 MiB body would take
+        hundreds of milliseconds to tokenize only to be refused): no token of the tokenizers served
+        here spans `MAX_CHARS_PER_TOKEN` characters."""
+        limit = self.limits.max_prompt_tokens
+        if limit is None or req.input_ids is not None:
+            return
+        chars = len(req.prompt) if req.prompt is not None else sum(len(m.content) for m in req.messages or ())
+        if chars > MAX_CHARS_PER_TOKEN * limit:
+            raise RequestError(400, f"the prompt has {chars} characters, more than {limit} tokens of text can hold; "
+                                    f"this server accepts at most {limit} prompt tokens")
+
     def tokenize(self, req: ServeRequest) -> list[int]:
         """The prompt's token ids: given, tokenized text, or the chat template's rendering of `messages`."""
+        self.check_prompt_size(req)
         if req.input_ids is not None:
             ids = list(req.input_ids)
         elif req.messages is not None:
@@ -127,7 +144,8 @@ class RequestProcessor:
         refuses, 503 when the engine's queue is full, 408/504 for a deadline passed before the
         first token, 500 when a step failed."""
         self.check_stops(req.stop)
-        prompt = self.tokenize(req)
+        # off the event loop that streams every other request's tokens
+        prompt = await asyncio.to_thread(self.tokenize, req)
         if req.n == 1:
             async for item in self._run_one(req, prompt, 0, engine):
                 yield item

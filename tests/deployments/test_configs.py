@@ -33,10 +33,10 @@ def test_cpu_default_serves_the_installed_real_model_on_every_core():
     assert (Path(folder) / gguf).is_file()  # installed by `make install` from the package registry
     assert args.model.served_name == "SmolLM2-135M-Instruct"
     # KV sized from a budget and a max_seq_len (not the model's 8k context); "auto" fits the engine
-    assert args.engine.max_seq_len == 1024 and args.engine.kv_cache_memory == 480 * 2**20
+    assert args.engine.max_seq_len == 1024 and args.engine.kv_cache_memory == 2**30
     args.engine.check_params(args.engine.lookahead)
     # one replica with both cores of the 2-core machine; the ingress asks for none
-    assert args.num_cpus == 2 and args.threads == 2
+    assert args.num_cpus == 2 and args.core_plan(cores=2).torch_threads == 1
     model = next(d for d in app["deployments"] if d["name"] == "LookaheadModel")
     assert model["num_replicas"] == 1 and "autoscaling_config" not in model
     assert model["max_queued_requests"] > 0 and model["max_ongoing_requests"] >= args.engine.max_batch
@@ -78,7 +78,7 @@ def test_cluster_config_puts_one_replica_per_worker_cpu_and_the_api_on_the_head(
     raw = yaml.safe_load((PROJECT_ROOT / "configs" / "serve_cluster.yaml").read_text())
     (app,) = raw["applications"]
     args = AppArgs.model_validate(app["args"])
-    assert args.num_cpus == 1 and args.threads == 1 and args.num_gpus == 0
+    assert args.num_cpus == 1 and args.core_plan(cores=1).torch_threads == 1 and args.num_gpus == 0
     deps = {d["name"]: d for d in app["deployments"]}
     scaling = deps["LookaheadModel"]["autoscaling_config"]
     assert scaling["min_replicas"] == 1 and scaling["max_replicas"] == 2

@@ -113,6 +113,25 @@ def test_a_model_of_the_same_shapes_gets_graphs_of_its_own(model):
         assert pred == ref_pred
 
 
+def test_a_step_runs_in_the_cheapest_ready_bucket_that_holds_it(model):
+    """Buckets as an engine configures them, (batch, width) pairs, none compiled on demand: a step
+    takes the cheapest ready one holding it, not the grid's rounding of each size apart."""
+    cache = _prefilled(model)
+    cf = CompiledForward(model, cache, batch_buckets=(1, 2, 4), width_buckets=(1, 4), compile=False, lazy=False)
+    assert cf.ready_bucket_for(1, 1, 40) is None  # nothing ready yet: eager
+    cf.warmup([Bucket(1, 1, CAP), Bucket(4, 1, CAP), Bucket(2, 4, CAP)])
+    picks = {(1, 1): Bucket(1, 1, CAP), (3, 1): Bucket(4, 1, CAP), (1, 3): Bucket(2, 4, CAP), (2, 2): Bucket(2, 4, CAP),
+             (2, 1): Bucket(4, 1, CAP), (3, 2): None, (5, 1): None}  # (2, 1): 4 x 1 rows beat 2 x 4
+    for (rows, width), bucket in picks.items():
+        assert cf.ready_bucket_for(rows, width, 40) == bucket, (rows, width)
+    assert cf.bucket_for(3, 2, 40) == Bucket(4, 4, CAP)  # the grid's pick: never compiled here
+    ref, _ = _run(cf.eager, _prefilled(model), 3, 1, 7)
+    pred, _ = _run(cf.forward, cache, 3, 1, 7)
+    assert pred == ref and cf.calls == 1 and cf.eager_calls == 1
+    _run(cf.forward, cache, 3, 2, 8)
+    assert cf.calls == 1 and cf.eager_calls == 2
+
+
 def test_steps_outside_every_bucket_run_eagerly(model):
     cache = _prefilled(model)
     cf = CompiledForward(model, cache, batch_buckets=(1, 2), width_buckets=(1, 4), compile=False)
@@ -211,7 +230,8 @@ def test_compile_buckets_outside_the_engine_are_refused(buckets, error):
 
 
 def test_compile_bucket_beyond_the_kv_budget_is_refused_at_start(model):
-    config = EngineConfig(**ENGINE, kv_cache_memory="700KiB", compile="on", compile_buckets=[(4, 1)])
+    config = EngineConfig(**ENGINE, kv_cache_memory="700KiB", prefix_cache_tokens=0, compile="on",
+                          compile_buckets=[(4, 1)])
     with pytest.raises(ValueError, match="compile bucket batch 4 exceeds the 1 KV slots"):
         Engine(model, config)
 

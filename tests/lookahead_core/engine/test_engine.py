@@ -406,10 +406,16 @@ def test_a_row_that_does_not_pace_lets_paced_rows_ride_its_width(setup):
 def test_kv_slots_come_from_the_memory_budget(setup):
     model, _ = setup
     runner = ModelRunner(model)
-    per_slot = Engine(runner, EngineConfig(max_batch=1, max_seq_len=256)).kv_plan.bytes_per_slot
-    engine = Engine(runner, EngineConfig(max_batch=16, max_seq_len=256, kv_cache_memory=3 * per_slot + 1))
+    one = Engine(runner, EngineConfig(max_batch=1, max_seq_len=256)).kv_plan
+    per_slot, prefixes = one.bytes_per_slot, one.reserved_bytes
+    assert prefixes == 512 * one.bytes_per_token  # the stored prompt prefixes' budget, prefix_cache_tokens
+    engine = Engine(runner, EngineConfig(max_batch=16, max_seq_len=256, kv_cache_memory=3 * per_slot + prefixes + 1))
     assert engine.max_batch == 3 and engine.kv_plan.slots == 3 and engine.scheduler.max_batch == 3
-    assert "3 slots" in engine.kv_plan.describe()
+    assert "3 slots" in engine.kv_plan.describe() and "of prompt prefixes" in engine.kv_plan.describe()
+    tight = 3 * per_slot + prefixes - 1  # the prefixes come out of the budget first
+    assert Engine(runner, EngineConfig(max_batch=16, max_seq_len=256, kv_cache_memory=tight)).max_batch == 2
+    assert Engine(runner, EngineConfig(max_batch=16, max_seq_len=256, kv_cache_memory=tight,
+                                       prefix_cache_tokens=0)).max_batch == 3
     assert Engine(runner, EngineConfig(max_batch=2, max_seq_len=256, kv_cache_memory=0.5),
                   free_bytes=100 * per_slot).max_batch == 2
     with pytest.raises(ValueError, match="holds no sequence.*max_seq_len"):

@@ -67,3 +67,43 @@ def test_clear_empties_the_pool():
     pool.add_sequence([1, 2, 3, 4])
     pool.clear()
     assert len(pool) == 0 and pool.lookup(1) == []
+
+
+def test_its_size_is_kept_as_it_changes():
+    import random
+
+    rng = random.Random(0)
+    pool = NGramPool(3, cap=3, max_keys=20)
+    for _ in range(2000):
+        pool.add(rng.randrange(40), (rng.randrange(5), rng.randrange(5)))
+        assert len(pool) == sum(len(c) for c in pool._table.values())
+    pool.clear()
+    assert len(pool) == 0
+
+
+def test_its_size_can_be_read_while_another_thread_adds():
+    """/health reads the pools' sizes on the event loop while the engine thread adds text: a read
+    that iterated the table raised "dictionary changed size during iteration"."""
+    import sys
+    import threading
+
+    pool = NGramPool(2, cap=2, max_keys=5000)
+    stop = threading.Event()
+
+    def writer():
+        k = 0
+        while not stop.is_set():
+            pool.add(k % 10000, (k,))
+            k += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        sizes = [len(pool) for _ in range(20000)]
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert max(sizes) <= 5000 * 2

@@ -16,7 +16,7 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.ngram_pool import NGramPool
 from lookahead_core.lookahead.pacing import StepChoice, StepKind
-from lookahead_core.lookahead.sampling import position_uniform, sample, sample_rows, warp
+from lookahead_core.lookahead.sampling import position_uniform, sample, sample_rows, warp, warp_rows
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.lookahead.tree import CandidateTree
 from lookahead_core.models.random_models import build_random_model
@@ -277,6 +277,25 @@ def test_warp_matches_hf_warpers():
             scores = TopPLogitsWarper(params.top_p)(None, scores)
         hf = torch.softmax(scores, dim=-1)[0].double().numpy()
         assert np.allclose(warp(logits[0], params), hf, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [8.0, 0.05], ids=["nucleus in the likeliest 1024", "nucleus wider: full sort"])
+def test_top_p_over_a_large_vocabulary_matches_hf(scale):
+    """Beyond TOP_P_PREFIX tokens, top-p sorts only the likeliest when they hold the nucleus, and
+    the whole row otherwise; both are HF's TopPLogitsWarper."""
+    logits = np.random.default_rng(1).normal(size=(3, 5000)) * scale
+    params = SamplingParams(1.0, top_p=0.9)
+    hf = torch.softmax(TopPLogitsWarper(0.9)(None, torch.tensor(logits)), dim=-1).numpy()
+    ours = warp_rows(torch.tensor(logits), params).numpy()
+    assert np.allclose(ours, hf, atol=1e-9) and np.allclose(ours.sum(-1), 1.0)
+
+
+def test_a_tiny_temperature_is_the_greedy_limit_not_nan():
+    logits = torch.tensor([[0.5, 3.0, -1.0, 2.9]], dtype=torch.float64)
+    for t in (1e-310, 1e-300, 1e-6):
+        p = warp_rows(logits, SamplingParams(t))
+        assert p.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+        assert sample_rows(logits, SamplingParams(t), [0.999]) == [1]
 
 
 def _run(engine, requests):

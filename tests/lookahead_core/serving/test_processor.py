@@ -153,6 +153,19 @@ def test_refusals_are_request_errors(proc, engine, req, status, message):
     assert engine.queue_depth() == (0, 0)
 
 
+def test_a_prompt_far_beyond_the_limit_is_refused_by_its_size_before_it_is_tokenized(proc, engine, tiny, monkeypatch):
+    calls = []
+    monkeypatch.setattr(type(tiny[1]), "__call__", lambda *a, **k: calls.append(a) or {"input_ids": [2]})
+    for req in (ServeRequest(prompt="x" * (64 * 100 + 1)),
+                ServeRequest(messages=[{"role": "user", "content": "y" * 4000}, {"role": "user", "content": "z" * 3000}])):
+        err = run(proc, req, engine)
+        assert isinstance(err, RequestError) and err.status == 400 and "characters" in err.message, err
+        assert "at most 100 prompt tokens" in err.message
+    assert calls == []  # never tokenized
+    assert isinstance(run(proc, ServeRequest(prompt="x" * 6400, max_new_tokens=1), engine)[-1], Completion)
+    assert len(calls) == 1  # within the size bound: tokenized (and here 1 token)
+
+
 def long_req(**kw):
     return ServeRequest(prompt="0123", max_new_tokens=LONG, lookahead="off", ignore_eos=True, **kw)
 

@@ -1,0 +1,318 @@
+"""This server against vLLM's CPU server, served the same weights on the same cores, one script run.
+
+First our plain step in-process (the served config's engine and core plan, compiled; the bar the
+served step is held to), then each server is started in turn on this machine (never both at once: they would share the cores),
+then driven by the same client (`loadtests/client.py`): closed-loop users streaming
+`/v1/chat/completions` (chat prompts through the model's chat template, temperature 0, streamed
+with the usage chunk). At each user count every prompt of the set is sent once, so no answer is
+copied from an earlier request; our replica's cross-request history is reported on or off beside
+each figure (`--history off` turns it off in the served config). Ours runs `"auto"` and `"off"`
+(the request's `lookahead` field) on the same server; vLLM runs plain decoding.
+
+    make bench-serving                                  # sets vLLM up in .venv-vllm, then runs this
+    python -m benchmarks.bench_serving --users 1,4,16 --json results/serving.json
+    python -m benchmarks.bench_serving --servers ours --ours-url http://127.0.0.1:8000   # a running server
+
+Throughput is completion tokens over the time from a level's first request to its last answer;
+TTFT is the first text chunk, TPOT the time per token after it, e2e the whole request.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import requests
+import yaml
+
+from loadtests.client import ClosedLoop, Outcome, chat_body, each_once, generate, percentiles, read_prompts
+
+ROOT = Path(__file__).resolve().parent.parent
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+def level(url: str, bodies: list[dict], users: int) -> dict:
+    """Every body sent once by `users` closed-loop users; tokens/s, latency percentiles, errors."""
+    start = time.time()
+    outcomes = ClosedLoop(url, users, each_once(bodies), timeout_s=600, route="/v1/chat/completions").run(1e9)
+    return summarize(outcomes, start)
+
+
+def summarize(outcomes: list[Outcome], start: float) -> dict:
+    done = [o for o in outcomes if o.ok]
+    wall = max((o.end for o in outcomes), default=start) - start
+    tokens = sum(o.tokens for o in done)
+    out = {"requests": len(done), "errors": len(outcomes) - len(done),
+           "error_samples": [o.error for o in outcomes if not o.ok][:3], "tokens": tokens,
+           "wall_s": round(wall, 2), "tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0}
+    for name in ("ttft", "tpot", "latency"):
+        p = percentiles([getattr(o, name) for o in done], (50, 95))
+        out[name] = {k: None if v is None else round(1000 * v, 1) for k, v in p.items()}  # ms
+    return out
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: the server exited with {proc.returncode}")
+        try:
+            if check():
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(2)
+    raise TimeoutError(f"{what}: not ready after {timeout_s:.0f} s")
+
+
+class Server:
+    """A server process in its own session, stopped with SIGTERM (a background `serve run` ignores SIGINT)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=ROOT, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def served_config(path: str, history: bool, port: int, out: Path, overrides: list[str] = ()) -> tuple[Path, dict]:
+    """The served config with its HTTP port set, `overrides` ("engine.max_batch=8", YAML values) applied
+    to the app's args and, with `history` off, nothing copied across requests."""
+    config = yaml.safe_load(Path(path).read_text())
+    config.setdefault("http_options", {})["port"] = port
+    args = config["applications"][0]["args"]
+    if not history:
+        args.setdefault("engine", {}).update(history_tokens=0, shared_pool_cap=0)
+    for item in overrides:
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = args
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = yaml.safe_load(value)
+    out.write_text(yaml.safe_dump(config))
+    return out, args
+
+
+def model_folder(args: dict) -> str:
+    """The save_pretrained folder our replica loads (the GGUF dequantized once), for vLLM to serve."""
+    from deployments.config import ModelArgs, resolve_path
+    from lookahead_core.models.loading import dequantized_gguf, resolve_model_path
+
+    m = ModelArgs.model_validate(args.get("model", {}))
+    folder, gguf = resolve_model_path(resolve_path(m.path), m.gguf_file)
+    return str(dequantized_gguf(folder, gguf, m.resolved_cache_dir())) if gguf else folder
+
+
+def in_process(app_args: dict, prompts: list[str], max_tokens: int) -> dict:
+    """Our plain step without the server: the served config's engine and core plan in this process,
+    its buckets compiled before timing, the prompts "off" one after another through the chat template."""
+    from deployments.config import AppArgs, resolve_path
+    from lookahead_core.engine.engine import Engine
+    from lookahead_core.engine.model_runner import ModelRunner
+    from lookahead_core.engine.request import EngineRequest
+    from lookahead_core.lookahead.stopping import StopCondition
+    from lookahead_core.models.loading import load_model
+
+    args = AppArgs.model_validate(app_args)
+    plan = args.core_plan().apply()
+    m = args.model
+    model, tokenizer = load_model(resolve_path(m.path), gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
+                                  cache_dir=m.resolved_cache_dir(), chat_template=m.chat_template)
+    cfg = args.engine.model_copy(update={"compile": "on" if args.engine.compile != "off" else "off"})
+    engine = Engine(ModelRunner(model), cfg)
+    eos = model.generation_config.eos_token_id
+    tokens, start = 0, time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+        engine.add_request(EngineRequest(f"p{i}", tuple(ids), StopCondition.build(max_tokens, eos), "off"))
+        while engine.has_work():
+            tokens += sum(len(out.tokens) for out in engine.step())
+    wall = time.perf_counter() - start
+    return {"server": "in-process-off", "users": 1, "tokens": tokens, "wall_s": round(wall, 2),
+            "tokens_per_s": round(tokens / wall, 2), "torch_threads": plan["torch_threads"],
+            "step_costs_ms": engine.runner.costs.table(), "buckets": engine.compile_status()}
+
+
+def ours_ready(url: str) -> bool:
+    """Healthy, and every compiled bucket ready (or failed): steps run as they will in service."""
+    health = requests.get(url + "/health", timeout=10)
+    if health.status_code != 200:
+        return False
+    buckets = health.json().get("compiled_decode", {}).get("buckets") or []
+    return all(b["ready"] or "error" in b for b in buckets)
+
+
+def run_levels(url: str, name: str, prompts: list[str], users: list[int], max_tokens: int, model: str,
+               extra: dict) -> list[dict]:
+    bodies = [chat_body(p, max_tokens=max_tokens, model=model, **extra) for p in prompts]
+    for b in bodies[:2]:  # warm: first requests of a fresh process pay one-off costs
+        generate(url, b, route="/v1/chat/completions")
+    rows = []
+    for u in users:
+        row = {"server": name, "users": u, **level(url, bodies[: max(prompts_per_level(u, len(bodies)), u)], u)}
+        rows.append(row)
+        print(fmt(row), flush=True)
+    return rows
+
+
+def prompts_per_level(users: int, available: int) -> int:
+    """Enough requests that every user runs several after the ramp, and no prompt twice."""
+    return min(available, max(12, 6 * users))
+
+
+def fmt(r: dict) -> str:
+    return (f"{r['server']:<12} {r['users']:>5} {r['tokens_per_s']:>8.1f} {r['ttft']['p50']:>9} {r['ttft']['p95']:>9} "
+            f"{r['tpot']['p50']:>8} {r['tpot']['p95']:>8} {r['latency']['p50']:>9} {r['latency']['p95']:>9} "
+            f"{r['requests']:>5} {r['errors']:>4}")
+
+
+HEADER = (f"{'server':<12} {'users':>5} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p95':>9} {'TPOT p50':>8} {'TPOT p95':>8} "
+          f"{'e2e p50':>9} {'e2e p95':>9} {'reqs':>5} {'errs':>4}   (ms)")
+
+
+def ratios(rows: list[dict]) -> list[str]:
+    """Ours against vLLM and auto against off, at each user count, from this run's figures."""
+    by = {(r["server"], r["users"]): r for r in rows}
+    lines = []
+    for u in sorted({r["users"] for r in rows}):
+        a, o, v = by.get(("ours-auto", u)), by.get(("ours-off", u)), by.get(("vllm", u))
+        parts = [f"{u:>3} users:"]
+        if o and (alone := by.get(("in-process-off", u))):
+            parts.append(f"off served/in-process tok/s {o['tokens_per_s'] / alone['tokens_per_s']:.2f}x")
+        if a and v:
+            parts.append(f"auto/vLLM tok/s {a['tokens_per_s'] / v['tokens_per_s']:.2f}x, "
+                         f"TTFT p50 {a['ttft']['p50'] / v['ttft']['p50']:.2f}x, "
+                         f"e2e p50 {a['latency']['p50'] / v['latency']['p50']:.2f}x")
+        if o and v:
+            parts.append(f"off/vLLM tok/s {o['tokens_per_s'] / v['tokens_per_s']:.2f}x")
+        if a and o:
+            parts.append(f"auto/off tok/s {a['tokens_per_s'] / o['tokens_per_s']:.2f}x")
+        lines.append("  ".join(parts))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--servers", default="in-process,ours,vllm", help="which to run, in this order")
+    ap.add_argument("--users", default="1,4,16")
+    ap.add_argument("--modes", default="auto,off", help="our server's lookahead modes")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompts", default="chat")
+    ap.add_argument("--config", default="serve_config.yaml", help="our served config")
+    ap.add_argument("--history", choices=("on", "off"), default="off",
+                    help="our replica's cross-request history and shared pool (off: nothing copied across requests)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override our served config's app args, e.g. --set torch_threads=2 --set engine.max_batch=8")
+    ap.add_argument("--ours-url", default=None, help="a running server of ours (not started or stopped here)")
+    ap.add_argument("--vllm-url", default=None, help="a running vLLM server (not started or stopped here)")
+    ap.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    ap.add_argument("--vllm-args", default="--max-model-len 1024 --max-num-seqs 16",
+                    help="extra vLLM server arguments")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--ready-timeout", type=float, default=1200, help="seconds for a server to be ready")
+    ap.add_argument("--logs", default="results/bench_serving")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--in-process-only", default=None, help=argparse.SUPPRESS)  # the in-process phase's own process
+    args = ap.parse_args(argv)
+    users = [int(u) for u in args.users.split(",")]
+    prompts = read_prompts(args.prompts)
+    if args.in_process_only:
+        app = yaml.safe_load(Path(args.config).read_text())["applications"][0]["args"]
+        row = in_process(app, prompts[: prompts_per_level(1, len(prompts))], args.max_tokens)
+        Path(args.in_process_only).write_text(json.dumps(row))
+        return row
+    logs = Path(args.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    config_path, app_args = served_config(args.config, args.history == "on", args.port, logs / "serve_config.yaml",
+                                          args.set)
+    name = app_args.get("model", {}).get("name") or "SmolLM2-135M-Instruct"
+    rows: list[dict] = []
+    health: dict = {}
+    for server in args.servers.split(","):
+        proc = None
+        if server == "in-process":  # a process of its own: the server started next gets the memory back
+            out = logs / "in_process.json"
+            subprocess.run([sys.executable, "-m", "benchmarks.bench_serving", "--in-process-only", str(out),
+                            "--config", str(config_path), "--max-tokens", str(args.max_tokens),
+                            "--prompts", args.prompts], check=True)
+            rows.append(json.loads(out.read_text()))
+            print(f"in-process (plain, compiled, {rows[-1]['torch_threads']} torch threads): "
+                  f"{rows[-1]['tokens_per_s']} tok/s; step_costs_ms={json.dumps(rows[-1]['step_costs_ms'])}", flush=True)
+        elif server == "ours":
+            url = args.ours_url or f"http://127.0.0.1:{args.port}"
+            if args.ours_url is None:
+                serve = str(Path(sys.executable).parent / "serve")
+                proc = Server([serve, "run", str(config_path)], RAY_ENV, logs / "ours.log")
+            try:
+                wait_for(lambda url=url: ours_ready(url), args.ready_timeout, "our server", proc and proc.proc)
+                health = requests.get(url + "/health", timeout=30).json()
+                name = health["model"]
+                print(f"ours: model={health['model']} dtype={health['dtype']} cpu_capability={health['cpu_capability']} "
+                      f"torch_threads={health['torch_threads']} history={args.history} "
+                      f"core_plan={json.dumps(health.get('core_plan'))}", flush=True)
+                print(HEADER, flush=True)
+                for mode in args.modes.split(","):
+                    rows += run_levels(url, f"ours-{mode}", prompts, users, args.max_tokens, name, {"lookahead": mode})
+                after = requests.get(url + "/health", timeout=30).json()
+                print(f"ours after: step_costs_ms={json.dumps(after.get('step_costs_ms'))}", flush=True)
+                health["after"] = after
+            finally:
+                if proc is not None:
+                    proc.stop()
+                    subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"],
+                                   capture_output=True, env={**os.environ, **RAY_ENV})
+        elif server == "vllm":
+            url = args.vllm_url or f"http://127.0.0.1:{args.port + 1}"
+            dtype = health.get("dtype") or "float32"
+            if args.vllm_url is None:
+                cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_folder(app_args),
+                       "--served-model-name", name, "--dtype", dtype, "--host", "127.0.0.1",
+                       "--port", str(args.port + 1), *args.vllm_args.split()]
+                print("vllm:", " ".join(cmd), flush=True)
+                proc = Server(cmd, {"VLLM_CPU_KVCACHE_SPACE": "1"}, logs / "vllm.log")
+            try:
+                wait_for(lambda url=url: requests.get(url + "/v1/models", timeout=10).status_code == 200,
+                         args.ready_timeout, "vLLM", proc and proc.proc)
+                print(f"vllm: dtype={dtype}", flush=True)
+                print(HEADER, flush=True)
+                rows += run_levels(url, "vllm", prompts, users, args.max_tokens, name, {})
+            finally:
+                if proc is not None:
+                    proc.stop()
+        else:
+            raise SystemExit(f"unknown server {server!r}: choose from in-process, ours, vllm")
+    import torch
+
+    print(f"\ncpu_capability={torch.backends.cpu.get_cpu_capability()} dtype={health.get('dtype')} "
+          f"history={args.history} max_tokens={args.max_tokens} prompts={args.prompts} (each once per level)")
+    print(HEADER)
+    for r in rows:
+        print(fmt(r) if "ttft" in r else f"{r['server']:<12} {r['users']:>5} {r['tokens_per_s']:>8.1f}")
+    for line in ratios(rows):
+        print(line)
+    report = {"args": vars(args), "health": health, "rows": rows, "ratios": ratios(rows)}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Where a model replica's threads run: how many torch threads, and at what priority.
+
+A decode step is a parallel region: it is as slow as its slowest thread, so one thread preempted by
+the HTTP stack (Serve's proxy, the ingress, Ray's own processes, a client on the same machine) stalls
+the whole step. Two rules follow, measured in docs/BENCHMARKS.md ("Core plan"):
+
+* A replica that asks for every core this machine gives it leaves one to the HTTP stack: torch runs
+  `cores - 1` threads (at least one). A replica given fewer cores than the machine has (a cluster
+  node, `num_cpus` below the core count) runs one thread per core it asked for.
+* Ray starts actors at nice 15 and its own raylet and GCS at nice 0, so every Ray heartbeat would
+  preempt a step. The replica's threads move to `nice` (0 by default), where the process may raise
+  its priority (root or CAP_SYS_NICE); the proxy and ingress stay at Ray's 15, below the step.
+
+`torch_threads` in the app args overrides the thread rule; `nice: null` leaves Ray's priority.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+
+log = logging.getLogger("ray.serve")
+
+
+def visible_cores() -> int:
+    """Cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class CorePlan:
+    cores: int                 # cores visible to the replica's process
+    num_cpus: float            # what the replica asked Ray for
+    torch_threads: int
+    nice: int | None           # priority asked for the replica's threads (None: Ray's)
+    reason: str
+
+    @classmethod
+    def build(cls, num_cpus: float, torch_threads: int | None = None, nice: int | None = 0,
+              cores: int | None = None) -> CorePlan:
+        cores = cores or visible_cores()
+        asked = max(1, int(num_cpus))
+        if torch_threads is not None:
+            threads, reason = torch_threads, "torch_threads set in the app args"
+        elif asked >= cores > 1:
+            threads, reason = cores - 1, f"the replica has all {cores} cores: one is left to the HTTP stack"
+        else:
+            threads, reason = min(asked, cores), f"one thread per core asked for (num_cpus {num_cpus:g})"
+        return cls(cores, num_cpus, threads, nice, reason)
+
+    def apply(self) -> dict:
+        """Set torch's threads and this process's priority; returns what took effect (for /health)."""
+        torch.set_num_threads(self.torch_threads)
+        applied = renice(self.nice) if self.nice is not None else None
+        status = {**asdict(self), "nice_now": os.getpriority(os.PRIO_PROCESS, 0)}
+        if self.nice is not None and applied != self.nice:
+            status["nice_error"] = f"could not set nice {self.nice} (no CAP_SYS_NICE): the replica stays at {applied}"
+            log.warning("core plan: %s", status["nice_error"])
+        return status
+
+
+def renice(nice: int) -> int:
+    """Every thread of this process to `nice` (Linux keeps a priority per thread; threads started
+    later inherit their creator's). Returns the main thread's priority afterwards."""
+    for tid in _threads():
+        with contextlib.suppress(OSError):  # raising priority needs CAP_SYS_NICE; a thread may have exited
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def _threads() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]

@@ -1,0 +1,104 @@
+"""Prompt prefixes whose keys and values the replica already computed, reused across requests.
+
+Every chat request starts with the chat template's system prompt, and a multi-turn conversation
+resends its history: those positions' keys and values were computed before. Causal attention
+makes the keys and values of positions [0, L) a function of tokens [0, L) alone, so a request
+whose prompt starts with a stored prefix copies them into its KV slot and prefills only the rest
+(vLLM's automatic prefix caching, SGLang's radix cache; here a few whole prefixes in a fixed
+budget, matched by their longest common prefix with the prompt).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lookahead_core.engine.kv_cache import BatchKVCache
+
+
+@dataclass
+class _Entry:
+    tokens: np.ndarray                          # the prefix's token ids
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [heads, tokens, head_dim]
+
+
+class PrefixCache:
+    """At most `capacity_tokens` tokens of keys and values, in entries of one prompt prefix each
+    (least recently used out). A prompt reuses the longest prefix it shares with an entry, from
+    `min_match` tokens on."""
+
+    def __init__(self, capacity_tokens: int, min_match: int = 8) -> None:
+        self.capacity_tokens = capacity_tokens
+        self.min_match = min_match
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._next = 0
+        self.tokens = 0
+        self.lookups = 0
+        self.hits = 0
+        self.prompt_tokens = 0  # prompt tokens looked up (each prompt but its last token)
+        self.reused_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _longest(self, prompt: np.ndarray) -> tuple[int | None, int]:
+        best, best_len = None, 0
+        for key, entry in self._entries.items():
+            n = min(len(entry.tokens), len(prompt))
+            differ = np.flatnonzero(entry.tokens[:n] != prompt[:n])
+            common = int(differ[0]) if len(differ) else n
+            if common > best_len:
+                best, best_len = key, common
+        return best, best_len
+
+    def load(self, prompt: Sequence[int], cache: BatchKVCache, slot: int) -> int:
+        """Copy the longest stored prefix of `prompt` into `slot` at positions [0, L); returns L (0: none)."""
+        ids = np.asarray(prompt, dtype=np.int64)
+        self.lookups += 1
+        self.prompt_tokens += len(ids)
+        key, length = self._longest(ids)
+        if key is None or length < self.min_match:
+            return 0
+        entry = self._entries[key]
+        self._entries.move_to_end(key)
+        for layer, (k, v) in zip(cache.slot_layers, entry.kv, strict=True):
+            layer.keys[slot, :, :length].copy_(k[:, :length])
+            layer.values[slot, :, :length].copy_(v[:, :length])
+        self.hits += 1
+        self.reused_tokens += length
+        return length
+
+    def store(self, prompt: Sequence[int], cache: BatchKVCache, slot: int) -> None:
+        """Keep the keys and values of `prompt` (all of it in `slot` from position 0), unless an
+        entry holds it already; least recently used entries make room."""
+        length = len(prompt)
+        if length < self.min_match or length > self.capacity_tokens:
+            return
+        ids = np.asarray(prompt, dtype=np.int64)
+        key, common = self._longest(ids)
+        if key is not None and common == length:
+            self._entries.move_to_end(key)
+            return
+        while self._entries and self.tokens + length > self.capacity_tokens:
+            _, old = self._entries.popitem(last=False)
+            self.tokens -= len(old.tokens)
+        kv = [(layer.keys[slot, :, :length].clone(), layer.values[slot, :, :length].clone())
+              for layer in cache.slot_layers]
+        self._entries[self._next] = _Entry(ids, kv)
+        self._next += 1
+        self.tokens += length
+
+    def clear(self) -> None:
+        """Forget every entry and the counts (the replica's warm-up text is no one's)."""
+        self._entries.clear()
+        self.tokens = self.lookups = self.hits = self.prompt_tokens = self.reused_tokens = 0
+
+    def status(self) -> dict:
+        """Entries, tokens held and how much of the prompts looked up came from here (for /health)."""
+        return {"entries": len(self._entries), "tokens": self.tokens, "capacity_tokens": self.capacity_tokens,
+                "lookups": self.lookups, "hits": self.hits, "prompt_tokens": self.prompt_tokens,
+                "reused_tokens": self.reused_tokens,
+                "token_hit_rate": round(self.reused_tokens / self.prompt_tokens, 4) if self.prompt_tokens else None}

@@ -1,0 +1,45 @@
+"""The replica's core plan: how many torch threads on how many cores, and the priority it takes."""
+import json
+import subprocess
+import sys
+
+from deployments.config import AppArgs
+from deployments.core_plan import CorePlan
+
+
+def test_a_replica_with_every_core_leaves_one_to_the_http_stack():
+    assert CorePlan.build(num_cpus=2, cores=2).torch_threads == 1
+    assert CorePlan.build(num_cpus=16, cores=16).torch_threads == 15
+    assert CorePlan.build(num_cpus=1, cores=1).torch_threads == 1  # nothing to leave
+
+
+def test_a_replica_with_part_of_the_machine_runs_a_thread_per_core_it_asked_for():
+    assert CorePlan.build(num_cpus=4, cores=16).torch_threads == 4
+    assert CorePlan.build(num_cpus=0, cores=16).torch_threads == 1
+    assert CorePlan.build(num_cpus=0.5, cores=2).torch_threads == 1
+
+
+def test_torch_threads_in_the_app_args_override_the_rule():
+    plan = AppArgs(num_cpus=2, torch_threads=2).core_plan(cores=2)
+    assert plan.torch_threads == 2 and "torch_threads" in plan.reason
+    assert AppArgs(num_cpus=2).core_plan(cores=2).torch_threads == 1
+    assert AppArgs().nice == 0 and AppArgs(nice=None).core_plan(cores=2).nice is None
+
+
+def test_apply_sets_the_threads_and_the_priority_of_every_thread_of_the_process():
+    # In a child process: the priority is the process's own, and lowering it cannot be undone without privilege.
+    code = """
+import json, os, threading
+from deployments.core_plan import CorePlan
+t = threading.Thread(target=threading.Event().wait, args=(5,), daemon=True); t.start()
+status = CorePlan.build(num_cpus=2, torch_threads=1, nice=7, cores=2).apply()
+import torch
+threads = [os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir('/proc/self/task')]
+later = []
+w = threading.Thread(target=lambda: later.append(os.getpriority(os.PRIO_PROCESS, 0))); w.start(); w.join()
+print(json.dumps({"status": status, "threads": threads, "later": later, "torch": torch.get_num_threads()}))
+"""
+    out = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+    assert out["torch"] == 1 and out["status"]["torch_threads"] == 1
+    assert out["status"]["nice_now"] == 7 and "nice_error" not in out["status"]
+    assert set(out["threads"]) == {7} and out["later"] == [7]  # threads started later inherit it

@@ -1,0 +1,101 @@
+"""Stored prompt prefixes: a prompt that starts with one copies its keys and values and prefills
+only the rest, and its output is the one a full prefill gives (float32)."""
+import numpy as np
+import pytest
+import torch
+
+from lookahead_core import LookaheadParams
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.kv_cache import BatchKVCache
+from lookahead_core.engine.prefix_cache import PrefixCache
+from lookahead_core.models.random_models import build_random_model
+from tests.lookahead_core.helpers import NO_EOS, hf_greedy, min_top2_margin, req
+
+VOCAB = 512
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_random_model("llama")
+
+
+def _run(engine, rid, prompt, params=None):
+    engine.add_request(req(rid, prompt, MAX_NEW, params))
+    tokens = []
+    while engine.has_work():
+        for out in engine.step():
+            tokens += out.tokens
+    return tokens
+
+
+def _prompts(count, shared, seed):
+    """Prompts that start with the same `shared` tokens (a system prompt) and then differ."""
+    gen = torch.Generator().manual_seed(seed)
+    system = torch.randint(2, VOCAB, (shared,), generator=gen).tolist()
+    return [system + torch.randint(2, VOCAB, (6 + 3 * i,), generator=gen).tolist() for i in range(count)]
+
+
+def test_prompts_sharing_a_system_prompt_reuse_it_and_decode_as_a_full_prefill_does(model):
+    prompts = [p for p in _prompts(8, 24, seed=3)
+               if min_top2_margin(model, p, hf_greedy(model, p, MAX_NEW, **NO_EOS)) > 1e-4][:4]
+    assert len(prompts) == 4
+    refs = [hf_greedy(model, p, MAX_NEW, **NO_EOS) for p in prompts]
+    engine = Engine(model, EngineConfig(max_batch=2, prefill_chunk=8, max_new_tokens=64, prefix_cache_tokens=256))
+    for i, (prompt, ref) in enumerate(zip(prompts, refs)):
+        for mode in (None, LookaheadParams(3, 2, 2)):
+            assert _run(engine, f"{i}-{mode}", prompt, mode) == ref
+    status = engine.prefixes.status()
+    # the first prompt stored its prefix; every later one reused at least the 24 shared tokens
+    assert status["hits"] == 2 * len(prompts) - 1
+    assert status["reused_tokens"] >= 24 * status["hits"]
+    assert 0 < status["token_hit_rate"] < 1 and status["tokens"] <= 256
+
+
+def test_a_repeated_prompt_reuses_all_of_it_but_its_last_token(model):
+    prompt = _prompts(1, 30, seed=5)[0]
+    engine = Engine(model, EngineConfig(max_batch=1, prefill_chunk=8, max_new_tokens=64, prefix_cache_tokens=128))
+    first = _run(engine, "a", prompt)
+    prefill_s = engine.prefill_s
+    assert _run(engine, "b", prompt) == first == hf_greedy(model, prompt, MAX_NEW, **NO_EOS)
+    assert engine.prefixes.status()["reused_tokens"] == len(prompt) - 1
+    assert engine.prefill_s == prefill_s  # no prefill forward ran for the repeat
+
+
+def test_off_and_prompt_logprobs_prefill_in_full(model):
+    prompt = _prompts(1, 20, seed=7)[0]
+    off = Engine(model, EngineConfig(max_batch=1, max_new_tokens=64, prefix_cache_tokens=0))
+    assert off.prefixes is None and _run(off, "a", prompt) == _run(off, "b", prompt)
+    engine = Engine(model, EngineConfig(max_batch=1, max_new_tokens=64, prefix_cache_tokens=128))
+    _run(engine, "a", prompt)
+    engine.add_request(req("echo", prompt, 2, prompt_logprobs=1))
+    outs = []
+    while engine.has_work():
+        outs += engine.step()
+    assert len(outs[0].prompt_logprobs) == len(prompt)  # computed, not copied
+    assert engine.prefixes.status()["hits"] == 0
+
+
+def test_entries_stay_within_their_token_budget_least_recently_used_out():
+    cache = BatchKVCache(num_layers=2, max_batch=1, capacity=64)
+    for layer in cache.slot_layers:
+        layer.lazy_initialization(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+    store = PrefixCache(capacity_tokens=40, min_match=4)
+    a, b, c = list(range(10, 30)), list(range(100, 120)), list(range(200, 220))
+    for prompt in (a, b):
+        cache.slot_layers[0].keys[0, :, :20] = float(prompt[0])
+        store.store(prompt, cache, 0)
+    assert len(store) == 2 and store.tokens == 40
+    store.store(a[:12], cache, 0)  # held already, inside `a`: nothing new, `a` becomes the most recent
+    assert len(store) == 2
+    store.store(c, cache, 0)  # room for it: `b`, the least recently used, goes
+    assert store.tokens == 40 and store.load(b + [1], cache, 0) == 0
+    cache.slot_layers[0].keys.zero_()
+    assert store.load(a[:15] + [9, 9], cache, 0) == 15
+    assert float(cache.slot_layers[0].keys[0, 0, 14, 0]) == 10.0 and float(cache.slot_layers[0].keys[0, 0, 15, 0]) == 0.0
+    assert store.load(a[:3] + [1] * 10, cache, 0) == 0  # under min_match
+    s = store.status()
+    assert (s["lookups"], s["hits"], s["reused_tokens"]) == (3, 1, 15)
+    assert s["token_hit_rate"] == round(15 / (21 + 17 + 13), 4)
+    assert np.array_equal(store._entries[max(store._entries)].tokens, c)

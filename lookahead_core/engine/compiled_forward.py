@@ -3,7 +3,7 @@
 The eager decode forward re-dispatches every op of the model each step;
 `torch.compile` (inductor) fuses the elementwise work and, on CPU with freezing, folds the weights
 into constants and packs them once for MKL's packed GEMM. Compiled graphs want static shapes, so a
-step [B, T] attending to kv_len keys runs in the smallest bucket (Bb >= B, Tb >= T, Kb >= kv_len):
+step [B, T] attending to kv_len keys runs in the cheapest ready bucket (Bb >= B, Tb >= T, Kb >= kv_len):
 
 * inputs are staged into buffers of the bucket's shape, allocated once per bucket;
 * padding positions (rows >= B, columns >= T) take token 0 at position 0, see key column 0 only
@@ -150,7 +150,8 @@ def inductor_options(cuda: bool, gemm_autotune: bool = True) -> dict:
         return {}
     options: dict = {"freezing": True}
     if gemm_autotune:
-        options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
+        # the choices' stats go to stderr per GEMM otherwise (quiet_autotune silences the tables)
+        options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN", max_autotune_report_choices_stats=False)
     return options
 
 
@@ -262,7 +263,7 @@ class CompileThrottle:
 class CompiledForward:
     """`forward(input_ids, position_ids, mask, cache)` with `ModelRunner.forward`'s contract
     (greedy next token of every input position as host lists, and the logits [B, T, V]), run
-    as a compiled graph at the smallest bucket that holds the step.
+    as a compiled graph in the cheapest ready bucket that holds the step.
 
     batch_buckets / width_buckets: sizes to pad B and T up to (default: powers of two up to the
     cache's max_batch / `max_width`). kv_buckets: key lengths to pad kv_len up to; the cache's

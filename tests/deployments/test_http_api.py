@@ -65,6 +65,8 @@ def test_decode_compiles_in_the_background_then_serves_the_same_tokens(server, l
     assert tokens == expected(local, "def add(a, b):", 20)
     (after,) = requests.get(server + "/health", timeout=10).json()["compiled_decode"]["buckets"]
     assert after["calls"] >= bucket["calls"] + len(tokens) - 1  # every decode step (the first token is prefill's)
+    # what the graph cost alone (None where the engine was stepping then) beside what its steps cost served
+    assert after["served_ms"] > 0 and (after["alone_ms"] is None or after["alone_ms"] > 0)
 
 
 @pytest.mark.parametrize("lookahead", [{"n": 4, "w": 3, "g": 3}, {"n": 4, "w": 3, "g": 3, "adapt": False}])

@@ -65,8 +65,8 @@ class RequestProcessor:
 
     def check_prompt_size(self, req: ServeRequest) -> None:
         """Refuse text far beyond the token limit before tokenizing it (a 1 MiB body would take
-        hundreds of milliseconds to tokenize only to be refused): no token of the tokenizers served
-        here spans `MAX_CHARS_PER_TOKEN` characters."""
+        hundreds of milliseconds to tokenize only to be refused): text averages a few characters a
+        token, and `MAX_CHARS_PER_TOKEN` is far above any tokenizer's average."""
         limit = self.limits.max_prompt_tokens
         if limit is None or req.input_ids is not None:
             return
@@ -144,8 +144,9 @@ class RequestProcessor:
         refuses, 503 when the engine's queue is full, 408/504 for a deadline passed before the
         first token, 500 when a step failed."""
         self.check_stops(req.stop)
-        # off the event loop that streams every other request's tokens
-        prompt = await asyncio.to_thread(self.tokenize, req)
+        # On the loop, bounded by check_prompt_size: a worker thread would race the loop's decodes on
+        # the one Rust tokenizer (encoding sets its truncation state: "Already borrowed").
+        prompt = self.tokenize(req)
         if req.n == 1:
             async for item in self._run_one(req, prompt, 0, engine):
                 yield item

@@ -216,7 +216,9 @@ def test_shared_pool_speeds_up_a_repeat_and_keeps_it_exact(setup, cap):
     """A finished request's text becomes candidates for the next; a repeat of it is then decoded
     in long accepted blocks, and stays token-identical. cap 0 turns the shared pool off."""
     model, cases = setup
-    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=cap, history_tokens=0))
+    # no stored prompt prefixes: the repeat must differ from the first run by the shared pool alone
+    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=cap, history_tokens=0,
+                                        prefix_cache_tokens=0))
     prompt, ref, _ = cases[0]
     params = LookaheadParams(4, 2, 3, pool_from_prompt=False, successors=0, adapt=False)
     runs = [_run_alone(engine, i, prompt, params) for i in range(2)]

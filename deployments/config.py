@@ -111,6 +111,10 @@ class AppArgs(BaseModel):
         None, ge=1, description="torch threads per replica; default: the core plan's (deployments/core_plan.py)")
     nice: int | None = Field(0, ge=-20, le=19, description="the replica's scheduling priority (Ray starts actors at 15); "
                                                            "null keeps Ray's")
+    report_replica_sources: bool = Field(
+        False, description="a response's lookahead.sources includes the rows from other requests' text (shared, "
+                           "history); off, a client cannot read from them whether another tenant's text continued "
+                           "its prompt. /health and the metrics count them either way")
 
     def core_plan(self, cores: int | None = None) -> CorePlan:
         return CorePlan.build(self.num_cpus, self.torch_threads, self.nice, cores)

@@ -6,6 +6,7 @@ OpenAI's envelope: {"error": {"message", "type", "param", "code"}}.
 """
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import cast
@@ -16,7 +17,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from ray import serve
-from ray.exceptions import RayActorError, RayError
+from ray.exceptions import RayError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException
@@ -43,14 +44,16 @@ from .protocol import (
 app = FastAPI(title="lookahead-serve", description="Exact Lookahead Decoding on Ray Serve", openapi_url=None)
 app.add_middleware(RequestGuard)
 
+log = logging.getLogger("ray.serve")
 OVERLOADED = RequestError(503, "server overloaded: too many queued requests, retry later", code="overloaded",
                           type="overloaded_error")
 REPLICA_LOST = RequestError(503, "the model replica serving this request failed; retry", code="replica_failed",
                             type="server_error")
 NO_RESULT = RequestError(500, "generation ended without a result")
-# A replica lost before a request's first token: the request is sent again, at most this often.
-REPLICA_ATTEMPTS = 3
-RETRY_PAUSE_S = 0.5
+# A replica lost before a request's first token: the request is sent again after these pauses.
+# Serve's router keeps routing to a replica on a lost node until the controller has seen it die
+# (a node's death takes Ray several health checks), so the pauses span that, not just one check.
+RETRY_PAUSES_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 
 def error_response(err: RequestError, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -230,7 +233,7 @@ class LookaheadAPI:
         """Start a generation and return its items (Delta..., Completion); raises the RequestError
         of a refused request. A replica that dies mid-stream ends the items with a RequestError, so
         no client waits on a request that can no longer finish."""
-        for attempt in range(1, REPLICA_ATTEMPTS + 1):
+        for pause in (*RETRY_PAUSES_S, None):
             try:
                 # A stream=True handle returns a generator; Ray types .remote() as either kind.
                 gen = cast(DeploymentResponseGenerator, self.stream_handle.generate.remote(req))
@@ -238,15 +241,15 @@ class LookaheadAPI:
                 break
             except BackPressureError:
                 raise OVERLOADED from None
-            except RayActorError:
-                # The replica died (its node may be gone) and nothing has reached the client yet,
-                # so another replica can take the request whole; the pause lets Serve's router
-                # learn that the replica is gone.
-                if attempt == REPLICA_ATTEMPTS:
+            except RayError as exc:
+                # The replica died or its node is gone (an actor error, a lost node, a crashed
+                # worker) and nothing has reached the client yet, so another replica can take the
+                # request whole; the pause lets Serve's router learn that the replica is gone.
+                if pause is None:
                     raise REPLICA_LOST from None
-                await asyncio.sleep(RETRY_PAUSE_S * attempt)
-            except RayError:
-                raise REPLICA_LOST from None
+                log.warning("request %s: replica unreachable before its first item (%s); sent again in %.2f s",
+                            req.request_id, type(exc).__name__, pause)
+                await asyncio.sleep(pause)
         if isinstance(first, RequestError):
             raise first
 
@@ -277,9 +280,10 @@ class LookaheadAPI:
         return get_swagger_ui_html(openapi_url=request.scope.get("root_path", "") + "/openapi.json", title=app.title)
 
     @app.get("/health")
-    async def health(self) -> dict:
+    async def health(self):
+        """The replica's state; 503 while its engine cannot step, so a load balancer stops sending."""
         info = await self.model.info.remote()
-        return {"status": "ok", **info}
+        return info if info["status"] == "ok" else JSONResponse(info, status_code=503)
 
     def _model_card(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "lookahead-serve"}

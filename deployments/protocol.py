@@ -64,7 +64,8 @@ Lookahead = Annotated[
 
 class _Common(BaseModel):
     """Fields every route shares. Sampling: temperature 0 or absent is greedy; top_k 0 and top_p 1
-    are off; a seed makes a request reproducible (the bounds are SamplingParams')."""
+    are off; in float32 a seed makes a request's text reproducible, in bf16 only for the same step
+    shapes (GET /health `seeded_text`; the bounds are SamplingParams')."""
 
     lookahead: Lookahead = "auto"
     timeout_s: float | None = Field(
@@ -73,7 +74,9 @@ class _Common(BaseModel):
     # json_schema_extra documents SamplingParams' bounds in the OpenAPI schema; SamplingParams checks them.
     top_k: int = Field(0, json_schema_extra={"minimum": 0})
     top_p: float = Field(1.0, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
-    seed: int | None = Field(None, json_schema_extra={"minimum": 0})
+    seed: int | None = Field(None, description="fixes the sampled text in float32 whatever runs beside it; in bf16 "
+                                               "only for the same step shapes (GET /health seeded_text)",
+                             json_schema_extra={"minimum": 0})
     _request: ServeRequest | None = PrivateAttr(None)
     if TYPE_CHECKING:  # every route declares it, with its own default and bounds
         temperature: float | None

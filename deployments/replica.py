@@ -20,6 +20,7 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.loading import cpu_capability, dtype_reason, load_model
 from lookahead_core.serving import Completion, Delta, RequestError, RequestProcessor, ServeRequest
+from lookahead_core.serving.outputs import REPLICA_TEXT_SOURCES
 
 from .autoscaling import RUNNING, WAITING
 from .config import AppArgs, resolve_path
@@ -77,8 +78,10 @@ class LookaheadModel:
             self.engine.add_request(EngineRequest(f"warm-up-{i}", prompt, StopCondition(4), lookahead))
             while self.engine.has_work():
                 self.engine.step()
-        if self.engine.shared_pool is not None:
-            self.engine.shared_pool.clear()  # the warm-up text is no one's
+        if self.engine.shared_pool is not None:  # the warm-up text is no one's
+            self.engine.shared_pool.clear()
+        if self.engine.history is not None:
+            self.engine.history.clear()
         if self.engine.prefixes is not None:
             self.engine.prefixes.clear()
         return time.time() - start
@@ -104,9 +107,11 @@ class LookaheadModel:
                                          boundaries=[1, 2, 4, 8, 16, 32, 64], tag_keys=tags)
 
     def check_health(self) -> None:
-        """Serve calls this every health_check_period_s; a dead engine thread gets the replica replaced."""
-        if not self.async_engine.alive:
-            raise RuntimeError("the engine thread is not running")
+        """Serve calls this every health_check_period_s; an engine that cannot step (its thread
+        gone, or its last steps all raised) gets the replica replaced."""
+        error = self.async_engine.health_error()
+        if error is not None:
+            raise RuntimeError(error)
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """What deployments.autoscaling.engine_queue_policy sizes the deployment by."""
@@ -116,9 +121,15 @@ class LookaheadModel:
     def info(self) -> dict:
         running, waiting = self.async_engine.queue_depth()
         engine = self.engine
+        error = self.async_engine.health_error()
         return {
+            "status": "ok" if error is None else "failing",
+            **({"error": error} if error is not None else {}),
             "model": self.args.model.served_name,
             "dtype": self.dtype,
+            # what a request's seed holds fixed: float32 logits do not depend on the step's shape
+            "seeded_text": "fixed by the seed" if self.dtype == "float32" else
+                           "fixed by the seed for the same step shapes only (lookahead widths, batch, compiled or eager)",
             "vocab_size": engine.runner.vocab_size,
             "device": self.args.model.device,
             "cpu_capability": cpu_capability(),
@@ -134,7 +145,8 @@ class LookaheadModel:
             "prefix_cache": None if engine.prefixes is None else engine.prefixes.status(),
             "step_costs_ms": engine.runner.costs.table(),
             "compiled_decode": {"mode": engine.config.compile, "buckets": engine.compile_status(),
-                                "eager_forwards": engine.compiled.eager_calls if engine.compiled else None},
+                                "eager_forwards": engine.compiled.eager_calls if engine.compiled else None,
+                                "graph_failures": engine.compiled.graph_failures if engine.compiled else None},
         }
 
     async def generate(self, req: ServeRequest) -> AsyncIterator[Delta | Completion | RequestError]:
@@ -146,6 +158,8 @@ class LookaheadModel:
                     self.m_accepted.observe(len(item.token_ids), tags={"lookahead": req.mode})
                 elif isinstance(item, Completion):
                     self._observe(item)
+                    if not self.args.report_replica_sources:
+                        item = item.without_sources(REPLICA_TEXT_SOURCES)
                 yield item
         except RequestError as err:
             yield err

@@ -35,6 +35,29 @@ def lookahead_field(spec: str) -> str | dict[str, int]:
     return {"n": n, "w": w, "g": g}
 
 
+# Kinds of request a mixed load sends (`--mix`): what each adds to a /generate body.
+REQUEST_KINDS: dict[str, dict[str, Any]] = {
+    "auto": {"lookahead": "auto"},
+    "off": {"lookahead": "off"},
+    "fixed": {"lookahead": {"n": 5, "w": 8, "g": 8, "adapt": False}},  # the widest a client may fix
+    "top_p": {"lookahead": "auto", "temperature": 0.8, "top_p": 0.95},
+    "stop": {"lookahead": "auto", "stop": ["\n\n", "\n#"]},
+}
+
+
+def parse_mix(spec: str) -> dict[str, float]:
+    """"off=4,fixed=1" -> {kind: weight}; the kinds are REQUEST_KINDS'."""
+    mix = {}
+    for part in spec.split(","):
+        kind, _, weight = part.partition("=")
+        if kind.strip() not in REQUEST_KINDS:
+            raise ValueError(f"unknown request kind {kind.strip()!r} in the mix; kinds: {', '.join(REQUEST_KINDS)}")
+        mix[kind.strip()] = float(weight or 1)
+    if not any(w > 0 for w in mix.values()):
+        raise ValueError(f"the mix {spec!r} has no positive weight")
+    return mix
+
+
 def generate_body(prompt: str, *, chat: bool, max_new_tokens: int, lookahead: str | dict = "auto",
                   temperature: float = 0.0) -> dict[str, Any]:
     """A streamed /generate body; `chat` sends the prompt as a user message (the chat template)."""

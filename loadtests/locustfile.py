@@ -16,7 +16,16 @@ from pathlib import Path
 
 from locust import HttpUser, constant, events, task
 
-from loadtests.client import Outcome, generate_body, lookahead_field, percentiles, read_prompts, read_stream
+from loadtests.client import (
+    REQUEST_KINDS,
+    Outcome,
+    generate_body,
+    lookahead_field,
+    parse_mix,
+    percentiles,
+    read_prompts,
+    read_stream,
+)
 from loadtests.slo import ENTRIES, PERCENTILES, SloConfig, table, verdict
 
 if os.environ.get("LOOKAHEAD_SHAPE"):
@@ -25,7 +34,8 @@ if os.environ.get("LOOKAHEAD_SHAPE"):
     globals()[SHAPES[os.environ["LOOKAHEAD_SHAPE"]].__name__] = SHAPES[os.environ["LOOKAHEAD_SHAPE"]]
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN: dict = {"mix": {}, "compression": [], "steps": 0, "tokens": 0, "met_slo": 0, "values": {e: [] for e in ENTRIES}}
+RUN: dict = {"mix": {}, "compression": [], "steps": 0, "tokens": 0, "met_slo": 0, "values": {e: [] for e in ENTRIES},
+       "by_kind": {}}  # with --mix: {request kind: {entry: [values]}}
 LIMITS: dict[str, float] = {}
 
 
@@ -45,6 +55,8 @@ def _options(parser) -> None:
     parser.add_argument("--prompt-set", default="code", help="code | text | a JSONL path")
     parser.add_argument("--lookahead", default="auto", help='auto | off | "n,w,g"')
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--mix", default="", help='kinds of request by weight, e.g. "off=4,fixed=1,top_p=1,stop=1" '
+                                                  f"(kinds: {', '.join(REQUEST_KINDS)}); overrides --lookahead")
     parser.add_argument("--summary-json", default="", help="write figures and verdict here")
 
 
@@ -63,10 +75,15 @@ class GenerateUser(HttpUser):
         self.lookahead = lookahead_field(opts.lookahead)
         self.max_new = opts.max_new_tokens
         self.rng = random.Random()
+        self.mix = parse_mix(opts.mix) if opts.mix else None
 
     @task
     def generate(self) -> None:
         body = generate_body(self.rng.choice(self.prompts), chat=False, max_new_tokens=self.max_new, lookahead=self.lookahead)
+        kind = None
+        if self.mix is not None:
+            kind = self.rng.choices(list(self.mix), weights=list(self.mix.values()))[0]
+            body.update(REQUEST_KINDS[kind])
         out = Outcome(start=time.perf_counter())
         with self.client.post("/generate", json=body, stream=True, catch_response=True, name="generate") as resp:
             if resp.status_code != 200:
@@ -83,6 +100,8 @@ class GenerateUser(HttpUser):
             measured["tpot"] = 1000 * out.tpot
         for name, value in measured.items():
             _record(env, name, value)
+            if kind is not None:
+                RUN["by_kind"].setdefault(kind, {}).setdefault(name, []).append(value)
         _record(env, "output_tokens_per_s", out.tokens / out.latency)
         RUN["met_slo"] += all(measured.get(k, 0.0) <= v for k, v in LIMITS.items())
         la = out.summary["lookahead"]
@@ -126,6 +145,8 @@ def _verdict(environment, **_kwargs) -> None:
             "tokens": RUN["tokens"], "steps": RUN["steps"], "mix": RUN["mix"], "met_slo": RUN["met_slo"],
             "compression_p50": compression[len(compression) // 2] if compression else None,
             "breaches": breaches,
+            "by_kind": {kind: {entry: {"count": len(v), **percentiles(v, [50, 95, 99])} for entry, v in entries.items()}
+                        for kind, entries in RUN["by_kind"].items()},
         }, indent=1))
     if breaches:
         environment.process_exit_code = 1

@@ -2,6 +2,7 @@
 
     python -m loadtests.soak --minutes 20 --users 4 --out results/loadtests/soak
     python -m loadtests.soak --minutes 3 --users 4 --kill-at 60 --out results/loadtests/kill
+    python -m loadtests.soak --minutes 10 --users 16 --mix off=4,fixed=1,top_p=1,stop=1 --out results/loadtests/mix
 
 Without --host it starts `serve run serve_config.yaml` and stops it at the end. Every
 --sample-s seconds it reads /health (replica pid, RSS, queue depth). With --kill-at it kills the
@@ -94,6 +95,13 @@ def write_report(out: Path, args, samples: list[dict], summary: dict, growth: di
     for entry in ("ttft", "tpot", "e2e"):
         if entry in figs:
             lines.append(f"- {entry} p50 / p95 / p99: {figs[entry]['p50']:.0f} / {figs[entry]['p95']:.0f} / {figs[entry]['p99']:.0f} ms")
+    by_kind = summary.get("by_kind") or {}
+    if by_kind:
+        lines += ["", "| request kind | requests | TTFT p50 / p95 ms | TPOT p50 / p95 ms |", "| --- | ---: | ---: | ---: |"]
+        for kind, f in sorted(by_kind.items()):
+            tpot = f.get("tpot", {})
+            tp = f"{tpot['p50']:.1f} / {tpot['p95']:.1f}" if tpot.get("p50") is not None else "-"
+            lines.append(f"| {kind} | {f['ttft']['count']} | {f['ttft']['p50']:.0f} / {f['ttft']['p95']:.0f} | {tp} |")
     lines += ["", f"| replica pid | RSS first MB | RSS after {args.warmup_s:g} s warm-up | RSS last | peak | growth since warm-up |",
               "| ---: | ---: | ---: | ---: | ---: | ---: |"]
     for pid, d in growth.items():
@@ -132,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--users", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--lookahead", default="auto")
+    ap.add_argument("--mix", default="", help='kinds of request by weight, e.g. "off=4,fixed=1,top_p=1,stop=1" (loadtests/client.py)')
     ap.add_argument("--slo", default="loadtests/slo.yaml")
     ap.add_argument("--sample-s", type=float, default=10)
     ap.add_argument("--warmup-s", type=float, default=60)
@@ -151,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"), "--headless",
                    "-u", str(args.users), "-r", str(args.users), "-t", f"{int(args.minutes * 60)}s", "--host", host,
                    "--slo-file", str(ROOT / args.slo), "--lookahead", args.lookahead, "--max-new-tokens", str(args.max_new_tokens),
-                   "--summary-json", str(summary_path), "--only-summary", "--stop-timeout", "30", "--loglevel", "WARNING"]
+                   "--summary-json", str(summary_path), "--only-summary", "--stop-timeout", "30", "--loglevel", "WARNING",
+                   *(["--mix", args.mix] if args.mix else [])]
             env = {k: v for k, v in os.environ.items() if not k.startswith("LOOKAHEAD_SHAPE")}
             locust = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             t0 = time.time()

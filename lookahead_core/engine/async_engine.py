@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 from lookahead_core.engine.engine import Engine, StepOutput
 from lookahead_core.engine.request import EngineRequest
+from lookahead_core.lookahead.stopping import FinishReason
 
 log = logging.getLogger(__name__)
 
 
 class RequestTimeout(TimeoutError):
-    """A request outlived its `timeout_s`; it has been aborted."""
+    """A request outlived its `timeout_s`; it has been ended (as TIMEOUT)."""
 
 
 # ---- commands from callers to the engine thread ------------------------------------------------
@@ -36,17 +37,31 @@ class AbortCommand:
     seq_id: str | int
 
 
-Command = AddCommand | AbortCommand
+@dataclass(frozen=True)
+class FinishCommand:
+    """The caller ended a request (a stop string, its deadline): see `Engine.finish`."""
+
+    seq_id: str | int
+    reason: FinishReason
+    kept: int | None = None
+
+
+Command = AddCommand | AbortCommand | FinishCommand
 
 
 class AsyncEngine:
     """Owns an `Engine` on a dedicated thread, so model forwards never block the event loop.
 
     Every engine call happens on that thread; callers talk to it through a command queue.
+    A step that raises fails the requests in flight and the engine starts clean; `failing_after`
+    such steps in a row make `health_error` say the engine cannot step (the replica gets replaced).
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, failing_after: int = 3) -> None:
         self.engine = engine
+        self.failing_after = failing_after
+        self.failed_steps = 0  # consecutive steps that raised
+        self.last_error: str | None = None
         self._commands: deque[Command] = deque()
         self._wake = threading.Event()
         self._streams: dict[str | int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -62,7 +77,8 @@ class AsyncEngine:
 
         Raises ValueError / EngineOverloaded before the first yield if the engine refuses the
         request, and `RequestTimeout` once `timeout_s` has passed since the call (the request is
-        aborted). Closing the iterator early (a client gone) aborts the request.
+        ended as TIMEOUT). Closing the iterator early (a client gone) aborts the request, unless
+        the caller ended it first with `finish`.
         """
         seq_id = request.request_id
         loop = asyncio.get_running_loop()
@@ -78,7 +94,12 @@ class AsyncEngine:
         done = False
         try:
             while not done:
-                item = await _next(queue, loop, deadline, timeout_s)
+                try:
+                    item = await _next(queue, loop, deadline, timeout_s)
+                except RequestTimeout:
+                    done = True
+                    self.finish(seq_id, FinishReason.TIMEOUT)
+                    raise
                 if isinstance(item, BaseException):
                     done = True
                     raise item
@@ -91,6 +112,10 @@ class AsyncEngine:
     def abort(self, seq_id: str | int) -> None:
         self._submit(AbortCommand(seq_id))
 
+    def finish(self, seq_id: str | int, reason: FinishReason, kept: int | None = None) -> None:
+        """End a request for the caller's reason, its text kept up to `kept` new tokens (`Engine.finish`)."""
+        self._submit(FinishCommand(seq_id, reason, kept))
+
     def queue_depth(self) -> tuple[int, int]:
         """(running, waiting) as of the engine's last step, plus requests not yet taken in."""
         running, waiting = self._depth
@@ -100,6 +125,14 @@ class AsyncEngine:
     def alive(self) -> bool:
         """False once the engine thread has died or been shut down."""
         return self._thread.is_alive() and not self._stopping
+
+    def health_error(self) -> str | None:
+        """Why this engine cannot serve, or None: its thread is gone, or its last steps all raised."""
+        if not self.alive:
+            return "the engine thread is not running"
+        if self.failed_steps >= self.failing_after:
+            return f"the engine's last {self.failed_steps} steps raised; the last: {self.last_error}"
+        return None
 
     def shutdown(self) -> None:
         self._stopping = True
@@ -125,8 +158,11 @@ class AsyncEngine:
                 outputs = engine.step()
             except Exception as exc:  # keep serving: fail what was in flight, start clean
                 log.exception("engine step failed")
+                self.failed_steps += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
                 self._fail_all(exc)
                 continue
+            self.failed_steps = 0
             self._depth = engine.queue_depth()
             for out in outputs:
                 self._deliver(out.seq_id, out, final=out.finish_reason is not None)
@@ -148,6 +184,8 @@ class AsyncEngine:
                     engine.abort(seq_id)
             elif isinstance(cmd, AbortCommand):
                 engine.abort(cmd.seq_id)
+            else:
+                engine.finish(cmd.seq_id, cmd.reason, cmd.kept)
 
     def _deliver(self, seq_id, item, final: bool) -> None:
         target = self._streams.pop(seq_id, None) if final else self._streams.get(seq_id)
@@ -155,7 +193,8 @@ class AsyncEngine:
             loop, queue = target
             if not _call_soon(loop, queue.put_nowait, item):  # the caller's loop is gone: nobody listens
                 self._streams.pop(seq_id, None)
-                self.engine.abort(seq_id)
+                # queued behind the caller's own last word (a finish it sent before leaving)
+                self._submit(AbortCommand(seq_id))
 
     def _fail_all(self, exc: Exception) -> None:
         error = RuntimeError(f"engine step failed: {exc}")

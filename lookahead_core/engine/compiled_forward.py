@@ -107,18 +107,24 @@ def install_sdpa_gqa() -> None:
     which copies the attended keys and values once per query head group in every layer.
     transformers decides per call in `use_gqa_in_sdpa` (on CPU: only without a mask); the CPU
     kernels take a mask with `enable_gqa`. The decision is replaced once, process-wide, by one that
-    says yes while dynamo traces and defers to transformers otherwise: eager forwards (on any
-    thread, during a background compile too) keep transformers' own arithmetic, and dynamo's guard
-    on the function never changes."""
-    original = sdpa_attention.use_gqa_in_sdpa
-    if getattr(original, "_lookahead_gqa", False):
+    says yes while dynamo traces and defers to transformers otherwise.
+
+    "While dynamo traces" is `is_dynamo_compiling` (folded to True in a trace, False in eager), not
+    `is_compiling`, which in torch 2.13 is one process-wide flag held for a whole compile: with
+    it, eager steps on the engine thread took the compiled arithmetic while a bucket compiled in
+    the background. transformers' attention reads that flag too (its one-query `pack_gqa`), so
+    its module gets the per-trace test as well: eager forwards keep transformers' own arithmetic
+    on any thread, during a background compile too."""
+    if getattr(sdpa_attention.use_gqa_in_sdpa, "_lookahead_gqa", False):
         return
+    original = sdpa_attention.use_gqa_in_sdpa
 
     def use_gqa(attention_mask, key, value):  # CUDA's fused kernels refuse enable_gqa with a mask
-        return (torch.compiler.is_compiling() and key.device.type == "cpu") or original(attention_mask, key, value)
+        return (torch.compiler.is_dynamo_compiling() and key.device.type == "cpu") or original(attention_mask, key, value)
 
     use_gqa._lookahead_gqa = True  # type: ignore[attr-defined]
     sdpa_attention.use_gqa_in_sdpa = use_gqa
+    sdpa_attention.is_torchdynamo_compiling = torch.compiler.is_dynamo_compiling  # type: ignore[attr-defined]
 
 
 def quiet_autotune() -> None:
@@ -331,6 +337,7 @@ class CompiledForward:
         self._compiler: threading.Thread | None = None
         self.lazy = lazy  # compile a bucket on its first step; else only warmed-up buckets run compiled
         self.ready: set[Bucket] = set()
+        self.ready_changes = 0  # buckets added to or dropped from `ready`, ever
         self.failed: dict[Bucket, str] = {}
         self.busy = False  # set by the engine while it has requests: a background compile slows down
         self.load_share = load_share
@@ -339,6 +346,7 @@ class CompiledForward:
         self._staging: dict[Bucket, _Staging] = {}
         self.calls = 0
         self.eager_calls = 0
+        self.graph_failures = 0  # calls of ready graphs that raised (each reran eagerly)
 
     # ---- buckets ----------------------------------------------------------------------------
 
@@ -411,6 +419,7 @@ class CompiledForward:
         if first:
             st.compile_s = time.perf_counter() - t0
             self.ready.add(st.bucket)
+            self.ready_changes += 1
         st.calls += 1
         return logits, pred
 
@@ -505,9 +514,22 @@ class CompiledForward:
             st.stage(input_ids, position_ids, None, cache.write_start, mask, self._arange)
         else:
             st.stage(input_ids, position_ids, cache.write_index, None, mask, self._arange)
-        logits, pred = self._run(st)
+        try:
+            logits, pred = self._run(st)
+        except Exception as exc:  # the step's writes go to the same KV columns eagerly
+            self._drop(bucket, exc)
+            return self.eager(input_ids, position_ids, mask, cache)
         self.calls += 1
         return pred[:rows, :width], logits[:rows, :width]
+
+    def _drop(self, bucket: Bucket, exc: Exception) -> None:
+        """A ready graph that raised runs no more steps: the bucket turns failed (on /health) and
+        its steps run in another ready bucket or eagerly."""
+        self.ready.discard(bucket)
+        self.ready_changes += 1
+        self.failed[bucket] = f"{type(exc).__name__}: {exc}"
+        self.graph_failures += 1
+        log.exception("compiled decode bucket %s raised; its steps run without it from now on", bucket)
 
     __call__ = forward
 

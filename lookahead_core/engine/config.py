@@ -29,6 +29,10 @@ def parse_memory(value: str | float | int) -> float | int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+# a prefill_chunk^2 mask is allocated at start: 8192 is 128 MiB in bfloat16, 256 MiB in float32
+MAX_PREFILL_CHUNK = 8192
+
+
 class EngineConfig(BaseModel):
     """Sizes every buffer of the engine up front (KV slots x capacity, step rows, masks) and holds
     what the step planner needs: the "auto" lookahead setting, the TPOT cap, the cost prior."""
@@ -42,7 +46,9 @@ class EngineConfig(BaseModel):
                           "(0.9); the replica fits as many sequences of max_seq_len as it holds, up to max_batch. "
                           "None: max_batch slots whatever they take")
     max_new_tokens: int = Field(512, ge=1, description="largest max_new_tokens a request may ask for")
-    prefill_chunk: int = Field(128, ge=1, description="prompt tokens prefilled per engine step")
+    prefill_chunk: int = Field(
+        128, ge=1, description=f"prompt tokens prefilled per engine step (a chunk x chunk mask is allocated at start): "
+                               f"at most {MAX_PREFILL_CHUNK}, or max_seq_len; longer than max_seq_len is never used")
     max_waiting: int = Field(1024, ge=0, description="requests queued beyond the running ones")
     max_n: int = Field(8, ge=2)
     max_w: int = Field(16, ge=1)
@@ -64,7 +70,7 @@ class EngineConfig(BaseModel):
     )
     history_tokens: int = Field(
         65536, ge=0, description="tokens of finished requests' text the replica keeps and searches for the longest "
-                                 "match of a request's suffix when its own text has none; 0 turns it off")
+                                 "match of a request's suffix when its own text has none; 0 turns it off, else >= 2")
     successor_topk: int = Field(
         8, ge=0, le=64, description="successors kept per token in the replica's table of the model's top-k after each "
                                     "token it computed (vocab x k int32); 0 turns the table and successor trees off")
@@ -98,6 +104,13 @@ class EngineConfig(BaseModel):
     def _memory(cls, value):
         return None if value is None else parse_memory(value)
 
+    @field_validator("history_tokens")
+    @classmethod
+    def _history(cls, value: int) -> int:
+        if value == 1:  # SharedHistory keeps a text's last capacity - 1 tokens and a gap
+            raise ValueError("history_tokens must be 0 (off) or at least 2, got 1")
+        return value
+
     @field_validator("lookahead", mode="before")
     @classmethod
     def _lookahead(cls, value):
@@ -109,6 +122,15 @@ class EngineConfig(BaseModel):
             self.check_params(self.lookahead)
         except ValueError as exc:
             raise ValueError(f"engine.lookahead (the \"auto\" setting) does not fit the engine: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _prefill_chunk_bounded(self) -> EngineConfig:
+        # longer chunks only where max_seq_len says sequences are that long (generate()'s one-prompt engine)
+        if self.prefill_chunk > MAX_PREFILL_CHUNK and (self.max_seq_len is None or self.prefill_chunk > self.max_seq_len):
+            raise ValueError(f"prefill_chunk {self.prefill_chunk} exceeds {MAX_PREFILL_CHUNK} (more only up to a "
+                             f"max_seq_len set that long, here {self.max_seq_len}): a prefill_chunk x prefill_chunk "
+                             f"mask is allocated at start; set prefill_chunk to at most {MAX_PREFILL_CHUNK}")
         return self
 
     @model_validator(mode="after")
@@ -126,6 +148,11 @@ class EngineConfig(BaseModel):
         if min(self.compile_kv) < 1:  # one beyond the KV capacity means the capacity
             raise ValueError(f"compile_kv {min(self.compile_kv)} must be >= 1")
         return self
+
+    def buckets_within(self, slots: int) -> tuple[tuple[int, int], ...]:
+        """compile_buckets with batches above `slots` (what the KV budget holds) lowered to `slots`:
+        a bucket of every slot still holds every step."""
+        return tuple(dict.fromkeys((min(batch, slots), width) for batch, width in self.compile_buckets))
 
     @property
     def max_step_tokens(self) -> int:

@@ -71,10 +71,13 @@ class Engine:
         if ctx is not None and self.max_seq_len > ctx:
             raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the model's context length {ctx}")
         r.check_length(self.max_seq_len)
+        if cfg.successor_topk > r.vocab_size:  # topk over the vocabulary would fail every step
+            raise ValueError(f"engine.successor_topk {cfg.successor_topk} exceeds the model's vocabulary of "
+                             f"{r.vocab_size} tokens; set it to at most {r.vocab_size} (0 turns successor trees off)")
         capacity = self.max_seq_len + cfg.max_step_tokens
         budget = cfg.kv_cache_memory
         assert not isinstance(budget, str)  # EngineConfig parses memory strings into bytes
-        if isinstance(budget, float) and free_bytes is None:
+        if (budget is None or isinstance(budget, float)) and free_bytes is None:  # a share of it, or checked against it
             free_bytes = free_memory(r.device)
         self.kv_plan: KVPlan = plan_kv(cfg.max_batch, capacity, r.kv_bytes_per_token,
                                        cfg.max_step_tokens * capacity * r.dtype.itemsize, budget, free_bytes,
@@ -82,7 +85,8 @@ class Engine:
         self.max_batch = slots = self.kv_plan.slots
         self.cache = BatchKVCache(r.num_layers, slots, capacity, r.device)
         self.buffers = BatchStepBuffers(slots, cfg.max_step_tokens, capacity, r.dtype, r.device)
-        self.scheduler = Scheduler(slots, cfg.prefill_chunk)
+        chunk = min(cfg.prefill_chunk, self.max_seq_len)  # a prompt is shorter: its masks need no more rows
+        self.scheduler = Scheduler(slots, chunk)
         self.planner = StepPlanner(r.costs, slots, cfg.slo_tpot_ms)
         self.shared_pool = (SharedNGramPool(cfg.shared_pool_cap, cfg.shared_pool_keys, cfg.shared_pool_text)
                             if cfg.shared_pool_cap else None)
@@ -93,9 +97,8 @@ class Engine:
         self.row_rates = {sampled: RowRates(Sequence.ROW_DEPTHS) for sampled in (False, True)}
         self.full_yields = FullYields()
         self.prefixes = PrefixCache(cfg.prefix_cache_tokens) if cfg.prefix_cache_tokens else None
-        self._prefill_mask = torch.zeros((1, 1, cfg.prefill_chunk, capacity), dtype=r.dtype, device=r.device)
-        self._causal = torch.full((cfg.prefill_chunk, cfg.prefill_chunk), torch.finfo(r.dtype).min, dtype=r.dtype,
-                                  device=r.device).triu_(1)
+        self._prefill_mask = torch.zeros((1, 1, chunk, capacity), dtype=r.dtype, device=r.device)
+        self._causal = torch.full((chunk, chunk), torch.finfo(r.dtype).min, dtype=r.dtype, device=r.device).triu_(1)
         self._max_position = (ctx or np.iinfo(np.int64).max) - 1
         self._seqs: dict[str | int, Sequence] = {}
         self._finished_early: list[StepOutput] = []
@@ -109,16 +112,19 @@ class Engine:
     def _compiled_forward(self, cfg: EngineConfig) -> CompiledForward:
         """The decode forward compiled for the configured buckets: before the first step ("on") or
         on a background thread while steps run eagerly ("auto")."""
-        over = [batch for batch, _ in cfg.compile_buckets if batch > self.max_batch]
+        # The budget is a share of the memory free at start, so the slots differ per machine: a
+        # bucket wider than them is compiled at the slot count, which still holds every step.
+        fitted = cfg.buckets_within(self.max_batch)
+        over = sorted({batch for batch, _ in cfg.compile_buckets if batch > self.max_batch})
         if over:
-            raise ValueError(f"compile bucket batch {max(over)} exceeds the {self.max_batch} KV slots the "
-                             f"kv_cache_memory budget allows")
+            log.warning("engine.compile_buckets batch %s exceeds the %d KV slots of the plan (%s): compiled as "
+                        "batch %d", ", ".join(map(str, over)), self.max_batch, self.kv_plan.describe(), self.max_batch)
         capacity = self.cache.capacity
         kvs = sorted({min(kv, capacity) for kv in cfg.compile_kv})
-        cf = CompiledForward(self.runner.model, self.cache, batch_buckets={b for b, _ in cfg.compile_buckets},
-                             width_buckets={w for _, w in cfg.compile_buckets}, kv_buckets=kvs, lazy=False,
+        cf = CompiledForward(self.runner.model, self.cache, batch_buckets={b for b, _ in fitted},
+                             width_buckets={w for _, w in fitted}, kv_buckets=kvs, lazy=False,
                              gemm_autotune=cfg.compile_autotune, load_share=cfg.compile_load_share)
-        buckets = [Bucket(b, w, kv) for b, w in cfg.compile_buckets for kv in kvs]
+        buckets = [Bucket(b, w, kv) for b, w in fitted for kv in kvs]
         if cfg.compile == "on":
             for bucket, seconds in cf.warmup(buckets).items():
                 log.warning("compiled decode bucket %s in %.1f s", bucket, seconds)
@@ -179,6 +185,9 @@ class Engine:
             raise ValueError(f"prompt of {len(req.prompt)} tokens plus max_new_tokens={new} exceeds this engine's "
                              f"limit of {self.max_seq_len} tokens")
         self.runner.check_tokens(req.prompt)
+        top = max(req.logprobs or 0, req.prompt_logprobs or 0)
+        if top > self.runner.vocab_size:
+            raise ValueError(f"{top} logprobs per token exceed the model's vocabulary of {self.runner.vocab_size} tokens")
         # Requests that will get a free slot at the next step are not "waiting"; a burst that
         # arrives between two steps must not be refused while slots are free.
         sched = self.scheduler
@@ -203,6 +212,24 @@ class Engine:
             del self._seqs[seq_id]
         self._finished_early.append(StepOutput(seq_id, [], FinishReason.ABORT, stats=seq.stats))
         self.aborted += 1
+        return True
+
+    def finish(self, seq_id: str | int, reason: FinishReason, kept: int | None = None) -> bool:
+        """The caller ended a request: a stop string in its text (STOP, `kept` new tokens before
+        it) or its deadline (TIMEOUT). Unlike an abort, a running request's text is finished text
+        (the history and the shared pool get it) and it is not counted as aborted. False if it is
+        unknown or done."""
+        seq = self._seqs.get(seq_id)
+        if seq is None or seq.finished:
+            return False
+        if seq not in self.scheduler.running:  # nothing decoded yet: it leaves as an abort would
+            self._apply(self.scheduler.abort(seq, reason))
+            del self._seqs[seq_id]
+        else:
+            if kept is not None:
+                del seq.tokens[seq.prompt_len + kept :]
+            self.scheduler.abort(seq, reason)
+        self._finished_early.append(StepOutput(seq_id, [], reason, stats=seq.stats))
         return True
 
     def abort_all(self) -> None:

@@ -41,11 +41,19 @@ def plan_kv(max_batch: int, capacity: int, bytes_per_token: int, mask_bytes_per_
             budget: float | int | None, free_bytes: int | None, reserved_tokens: int = 0) -> KVPlan:
     """Fit slots of `capacity` tokens into `budget` (bytes, or a fraction of `free_bytes`), at most
     `max_batch`, after `reserved_tokens` of KV kept outside the slots; raise ValueError when not
-    even one fits."""
+    even one fits, or when without a budget `max_batch` slots take more than `free_bytes`."""
     per_slot = capacity * bytes_per_token + mask_bytes_per_slot
     reserved = reserved_tokens * bytes_per_token
     if budget is None:
-        return KVPlan(max_batch, capacity, bytes_per_token, per_slot, None, max_batch * per_slot + reserved, reserved)
+        total = max_batch * per_slot + reserved
+        if free_bytes is not None and total > free_bytes:
+            raise ValueError(
+                f"without an engine.kv_cache_memory budget the KV cache takes max_batch={max_batch} slots of "
+                f"{capacity} tokens (max_seq_len, by default the model's context length, plus one step's rows): "
+                f"{total / 2**20:.1f} MiB, but {free_bytes / 2**20:.1f} MiB is free; set engine.kv_cache_memory "
+                f"(a fraction such as 0.9 fits the slots to free memory) or lower engine.max_seq_len or "
+                f"engine.max_batch")
+        return KVPlan(max_batch, capacity, bytes_per_token, per_slot, None, total, reserved)
     if isinstance(budget, float):
         assert free_bytes is not None, "a fractional KV budget needs free_bytes"
         budget_bytes = int(budget * free_bytes)

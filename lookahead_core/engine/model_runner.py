@@ -24,6 +24,7 @@ class ModelRunner:
         self.model = model
         self.costs = costs or StepCosts()
         self._ready: set[Bucket] = set()  # compiled buckets whose readiness `costs` has been told of
+        self._ready_changes = 0
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
@@ -90,11 +91,14 @@ class ModelRunner:
         [B, T, 1 + k]; logits [B, T, V]). The tokens reach the host in one transfer, the step's one
         sync; sampling reads the logits rows it needs. Through `compiled` where one of its buckets
         holds the step."""
-        if compiled is not None and len(compiled.ready) != len(self._ready):
-            # a bucket that just finished compiling: its batch's eager timings price it no more
-            for bucket in set(compiled.ready) - self._ready:
+        if compiled is not None and compiled.ready_changes != self._ready_changes:
+            # a bucket that just finished compiling (or failed): its batch's timings price the
+            # path its steps took before, not the one they take now
+            self._ready_changes = compiled.ready_changes
+            ready = set(compiled.ready)
+            for bucket in ready ^ self._ready:
                 self.costs.forget(bucket.batch)
-                self._ready.add(bucket)
+            self._ready = ready
         t0 = time.perf_counter()
         if compiled is not None:
             pred, logits = compiled.forward(input_ids, position_ids, mask, cache)

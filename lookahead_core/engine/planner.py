@@ -5,17 +5,19 @@ from collections.abc import Sequence
 
 from lookahead_core.engine.sequence import Offer
 from lookahead_core.engine.step_costs import StepCosts
-from lookahead_core.lookahead.pacing import StepChoice, StepKind, batch_width
+from lookahead_core.lookahead.pacing import StepChoice, StepKind, batch_width, best_option
 
 
 class StepPlanner:
     """Settles the batch's widest row and each row's kind from measured step costs.
 
     Requests that pace offer their kinds with the tokens they expect (their own running
-    acceptance); requests that do not (plain, or `adapt` off) take one width, which sets a floor
-    every other row rides up to for free. Costs are `StepCosts` at the batch the queue would
-    fill (running + waiting, up to `max_batch`), and `slo_tpot_ms` caps the width: a step may not
-    widen past what keeps its predicted time per output token within the SLO.
+    acceptance). Plain requests take width 1; a fixed (N, W, G) (`adapt` off) takes its whole
+    step, which sets a floor every other row rides up to for free, as long as that step keeps the
+    predicted time per output token within `slo_tpot_ms`; past it, a fixed row is priced like a
+    paced one, so no request can widen everyone's step beyond the SLO. Costs are `StepCosts` at
+    the batch the queue would fill (running + waiting, up to `max_batch`), and the SLO caps every
+    width: a step may not widen past it.
     """
 
     def __init__(self, costs: StepCosts, max_batch: int, slo_tpot_ms: float | None = None) -> None:
@@ -37,15 +39,39 @@ class StepPlanner:
 
         def fits_slo(width: int, tokens_per_row: float) -> bool:
             ms = costs.estimate_ms(batch, width)
-            # Only passed on when slo_tpot_ms is set.
             return ms is None or self.slo_tpot_ms is None or ms / max(tokens_per_row, 1.0) <= self.slo_tpot_ms
 
-        floor = max((o.width for o in offers if o.menu is None), default=1)
-        menus = [o.menu for o in offers if o.menu is not None]
+        floor = max((o.width for o in offers if o.pacer is None), default=1)
+        priced = [o for o in offers if o.pacer is not None]
+        if floor > 1 and self.slo_tpot_ms is not None and not fits_slo(floor, _tokens_at(offers, floor)):
+            floor, priced = 1, [o for o in offers if o.menu is not None]
+        menus = [o.menu for o in priced if o.menu is not None]
         cap = batch_width(menus, ratio, floor, fits_slo if self.slo_tpot_ms else None) if menus else floor
         widen = len(offers) == 1  # alone: a retry may widen the step, nobody else pays for it
-        return [
-            o.pacer.pick(o.menu, o.copied, cap, ratio, widen) if o.menu is not None and o.pacer is not None
-            else StepChoice(StepKind.PLAIN if o.width == 1 else StepKind.FULL)
-            for o in offers
-        ]
+        return [_choice(o, cap, ratio, widen) for o in offers]
+
+
+def _tokens_at(offers: Sequence[Offer], width: int) -> float:
+    """The tokens per row a step of `width` is expected to yield: a fixed row its whole step's,
+    a paced one its best option that fits, a plain one 1."""
+    total = 0.0
+    for o in offers:
+        if o.menu is None:
+            total += 1.0
+        elif o.pacer is None:
+            total += next(opt.tokens for opt in o.menu if opt.kind is StepKind.FULL)
+        else:
+            total += best_option(o.menu, width).tokens
+    return total / len(offers)
+
+
+def _choice(o: Offer, cap: int, ratio, widen: bool) -> StepChoice:
+    if o.pacer is not None:
+        assert o.menu is not None  # a paced offer carries its menu
+        return o.pacer.pick(o.menu, o.copied, cap, ratio, widen)
+    if o.menu is None:
+        return StepChoice(StepKind.PLAIN if o.width == 1 else StepKind.FULL)
+    if o.width <= cap:
+        return StepChoice(StepKind.FULL, o.copied)
+    best = best_option(o.menu, cap)  # a fixed row the SLO does not let run whole
+    return StepChoice(best.kind, o.copied, rows=best.rows)

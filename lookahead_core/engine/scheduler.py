@@ -65,10 +65,11 @@ class Scheduler:
         self.running.append(seq)
         return seq
 
-    def abort(self, seq: Sequence) -> list[SlotMove]:
-        """End `seq` as ABORT. A waiting or prefilling sequence leaves at once (its slot freed); a
-        running one keeps its slot until the next `retire`."""
-        seq.finish_reason = FinishReason.ABORT
+    def abort(self, seq: Sequence, reason: FinishReason = FinishReason.ABORT) -> list[SlotMove]:
+        """End `seq` from outside the step (as ABORT, or as the caller's `reason`). A waiting or
+        prefilling sequence leaves at once (its slot freed); a running one keeps its slot until the
+        next `retire`."""
+        seq.finish_reason = reason
         if seq in self.waiting:
             self.waiting.remove(seq)
             return []

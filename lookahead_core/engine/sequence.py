@@ -14,7 +14,7 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.history import SharedHistory
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.ngram_pool import NGramPool
-from lookahead_core.lookahead.pacing import FullYields, Menu, StepChoice, StepKind, StepPacer
+from lookahead_core.lookahead.pacing import FullYields, Menu, StepChoice, StepKind, StepPacer, step_menu
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.row_rates import RowRates
 from lookahead_core.lookahead.sampling import new_seed, position_uniform
@@ -66,7 +66,8 @@ class SequenceStats:
 
 @dataclass(frozen=True)
 class Offer:
-    """What a request offers the step planner: a menu of kinds (paced), or one width it takes regardless."""
+    """What a request offers the step planner: a menu of kinds it paces over (`pacer`), or one
+    width it takes (plain, or a fixed (N, W, G) with its menu for when the SLO rules that out)."""
 
     width: int
     menu: Menu | None = None
@@ -94,7 +95,7 @@ class Sequence:
     window and text), the replica's `shared` pool for the slots left and a
     tree expanded from the last token through the replica's `successors` table, merged into one
     prefix tree. Sampled requests draw output position p with the uniform
-    u(seed, p), so their text depends on the seed alone (lookahead/sampling.py).
+    u(seed, p), so in float32 their text depends on the seed alone (lookahead/sampling.py).
     """
 
     def __init__(
@@ -130,6 +131,7 @@ class Sequence:
         self.tree = CandidateTree(lay.max_tree_rows)
         self._hit = np.zeros(lay.max_tree_rows, dtype=bool)  # which tree rows a step accepted, reused
         self.pacer: StepPacer | None = None
+        self._full_yields = full_yields
         sampled = sampling is not None
         if params is not None and params.adapt:
             self.pacer = (StepPacer() if full_yields is None else
@@ -215,10 +217,11 @@ class Sequence:
         # a whole step keeps the rows accepted more often than a row costs
         self._full_rows = int(np.count_nonzero(p >= row_price))
         full = lay.cand_start + self._full_rows
-        if self.pacer is None:
-            return Offer(full)
         # a step without the window keeps the m likeliest rows, for any m: the bonus token plus their chances
         verify = [(m + 1, float(e)) for m, e in enumerate(1.0 + np.cumsum(p))]
+        if self.pacer is None:  # runs whole at `full` while the SLO allows; the menu prices it otherwise
+            yields = self._full_yields.start(self.sampled)[copied_run] if self._full_yields is not None else 2.0
+            return Offer(full, step_menu(full, verify, yields), None, copied_run)
         return Offer(1, self.pacer.menu(full, verify, copied_run), self.pacer, copied_run)
 
     def row_odds(self) -> np.ndarray:

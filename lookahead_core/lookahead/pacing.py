@@ -40,6 +40,20 @@ class StepChoice:
     rows: int | None = None
 
 
+def step_menu(full_width: int | None, verify: Sequence[tuple[int, float]], full_tokens: float) -> Menu:
+    """PLAIN, each VERIFY option (tree rows kept, expected tokens) and FULL at `full_width`."""
+    menu = [Option(StepKind.PLAIN, 1, 1.0)]
+    menu += [Option(StepKind.VERIFY, 1 + rows, tokens, rows) for rows, tokens in verify]
+    if full_width is not None:
+        menu.append(Option(StepKind.FULL, full_width, full_tokens))
+    return menu
+
+
+def best_option(menu: Menu, cap: int) -> Option:
+    """The option no wider than `cap` expected to yield the most tokens, the narrower on a tie."""
+    return max((o for o in menu if o.width <= cap), key=lambda o: (o.tokens, -o.width))
+
+
 def batch_width(menus: Sequence[Menu], ratio: Callable[[int], float], floor: int = 1,
                 fits_slo: Callable[[int, float], bool] | None = None) -> int:
     """The widest row the batch may have this step.
@@ -127,16 +141,12 @@ class StepPacer:
 
     def menu(self, full_width: int | None, verify: Sequence[tuple[int, float]], copied: bool) -> Menu:
         """PLAIN, each VERIFY option (tree rows kept, expected tokens) and FULL at `full_width`."""
-        menu = [Option(StepKind.PLAIN, 1, 1.0)]
-        menu += [Option(StepKind.VERIFY, 1 + rows, tokens, rows) for rows, tokens in verify]
-        if full_width is not None:
-            menu.append(Option(StepKind.FULL, full_width, self.yields[copied]))
-        return menu
+        return step_menu(full_width, verify, self.yields[copied])
 
     def pick(self, menu: Menu, copied: bool, cap: int, ratio: Callable[[int], float], widen: bool = False) -> StepChoice:
         """The most productive option no wider than `cap`, or a due FULL retry that fits
         (`widen`: even one that does not, for a request alone in its step)."""
-        best = max((o for o in menu if o.width <= cap), key=lambda o: (o.tokens, -o.width))
+        best = best_option(menu, cap)
         choice = StepChoice(best.kind, copied, rows=best.rows)
         full = next((o for o in menu if o.kind is StepKind.FULL), None)
         if full is not None and best.kind is not StepKind.FULL and self.idle >= self.interval and (widen or full.width <= cap):

@@ -4,8 +4,9 @@ Every output position p of a request has its own uniform u(seed, p). The token a
 inverse CDF of the model's warped distribution at u, exactly as plain sampling would draw it. A
 step computes that token for every candidate row at once, so verifying a candidate is the greedy
 walk over these sampled tokens: a candidate token is accepted iff it is the token the uniform picks.
-The output is plain sampling's, token for token, and depends on the seed alone: not on which
-candidates were tried, how wide the step was, or what else was batched.
+The output is plain sampling's, token for token, and in float32 depends on the seed alone: not on
+which candidates were tried, how wide the step was, or what else was batched (in bf16 the logits
+themselves round differently by step shape, docs/ARCHITECTURE.md "Sampling").
 """
 from __future__ import annotations
 

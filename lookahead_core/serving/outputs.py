@@ -1,7 +1,8 @@
 """What one served request produces: a text delta per engine step, then a completion, or an error."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -82,6 +83,16 @@ class LookaheadSummary:
                    round(rows / steps, 2) if steps else None, sources)
 
 
+    def without(self, sources: Collection[str]) -> LookaheadSummary:
+        """This summary with those sources' rows left out of `sources`."""
+        return dataclasses.replace(self, sources={k: v for k, v in self.sources.items() if k not in sources})
+
+
+# Candidates from other requests' text: whether they were accepted tells a client whether another
+# tenant's recent text continued its prompt (docs/RELIABILITY.md).
+REPLICA_TEXT_SOURCES = ("shared", "history")
+
+
 @dataclass(frozen=True)
 class Timings:
     ttft_ms: float
@@ -100,6 +111,9 @@ class Completion:
     timings: Timings
     index: int = 0
     logprobs: tuple[Logprob, ...] | None = None  # of `text`'s tokens (with echo: the prompt's first)
+
+    def without_sources(self, sources: Collection[str]) -> Completion:
+        return dataclasses.replace(self, lookahead=self.lookahead.without(sources))
 
     def to_dict(self) -> dict:
         out = asdict(self)

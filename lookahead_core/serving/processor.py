@@ -226,6 +226,7 @@ class RequestProcessor:
                     yield Delta(tuple(step_tokens), delta, index, lps, Usage(len(prompt), len(tokens)))
                     if hit:
                         reason = FinishReason.STOP
+                        engine.finish(ereq.request_id, reason, len(tokens))
                         break
                 if out.finish_reason is not None:
                     reason = out.finish_reason

@@ -169,3 +169,30 @@ def test_the_gpu_config_fits_an_80_gb_gpu_by_the_replicas_kv_arithmetic():
         assert plan.total_bytes + 13_476_839_424 + 10**9 < 80 * 10**9
         # without a budget, max_batch slots of the full length would not fit
         assert engine.max_batch * plan.bytes_per_slot + 13_476_839_424 > 80 * 10**9
+
+
+def test_the_gpu_config_comments_state_the_kv_arithmetic():
+    """The figures in serve_gpu.yaml's comments: 85% of ~66 GiB free after the weights, less the
+    stored prompt prefixes, in slots of max_seq_len plus one step's rows (Llama-2-7B, 2-byte KV)."""
+    import re
+
+    from lookahead_core.engine.kv_budget import plan_kv
+
+    text = (PROJECT_ROOT / "configs" / "serve_gpu.yaml").read_text()
+    stated = re.findall(r"at ([\d.]+) GiB per 4096-token slot.*?x (\d+) tokens, 4096 \+ (\d+) .*?= (\d+) slots", text, re.S)
+    apps = yaml.safe_load(text)["applications"]
+    assert len(stated) == len(apps)
+    for app, (gib, capacity, step, slots) in zip(apps, stated):
+        engine = AppArgs.model_validate(app["args"]).engine
+        cap = engine.max_seq_len + engine.max_step_tokens
+        plan = plan_kv(engine.max_batch, cap, 32 * 2 * 32 * 128 * 2, engine.max_step_tokens * cap * 2,
+                       engine.kv_cache_memory, 66 * 2**30, reserved_tokens=engine.prefix_cache_tokens)
+        assert (int(step), int(capacity), int(slots)) == (engine.max_step_tokens, plan.capacity_tokens, plan.slots)
+        assert gib == f"{plan.bytes_per_slot / 2**30:.2f}"
+
+
+@pytest.mark.parametrize("engine, field", [({"history_tokens": 1}, "history_tokens"),
+                                           ({"prefill_chunk": 100_000}, "prefill_chunk")])
+def test_engine_values_that_could_not_start_are_refused_when_the_app_is_built(engine, field):
+    with pytest.raises(ValueError, match=field):
+        build_app({"engine": engine})

@@ -31,6 +31,7 @@ def test_health_and_models(server):
     h = requests.get(server + "/health", timeout=10).json()
     assert h["status"] == "ok" and h["model"] == "tiny"
     assert h["dtype"] == "float32" and h["device"] == "cpu" and h["torch_threads"] >= 1
+    assert h["seeded_text"] == "fixed by the seed"  # float32: whatever runs beside a request
     assert h["step_costs_ms"]["b1t1"] > 0  # the warm-up's forwards, measured
     history = h["history"]  # the replica's cross-request tables, bounded and sized
     assert history["successors"]["bytes"] >= 128 * history["successors"]["k"] * 4  # vocab x k int32
@@ -82,6 +83,20 @@ def test_generate_matches_the_library(server, local, lookahead):
         assert 0 <= counts["accepted"] <= counts["proposed"]
     assert body["timings"]["total_ms"] >= body["timings"]["ttft_ms"] > 0
     assert body["text"] == local[1].decode(body["token_ids"], skip_special_tokens=True)
+
+
+def test_a_response_does_not_tell_which_rows_came_from_other_requests_text(server):
+    """The shared pool and history hold other requests' text: a response's `sources` leaves them
+    out (report_replica_sources is off), while /health still counts them for the operator."""
+    body = {"prompt": "for i in range(10):", "max_new_tokens": 32, "lookahead": {"n": 3, "w": 2, "g": 2}}
+    seen = set()
+    for _ in range(3):  # a repeat finds the first answer in the replica's history
+        r = post(server, "/generate", body)
+        assert r.status_code == 200, r.text
+        seen |= set(r.json()["lookahead"]["sources"])
+    assert not seen & {"shared", "history"}, seen
+    rates = requests.get(server + "/health", timeout=10).json()["history"]["row_acceptance"]["greedy"]
+    assert set(rates) >= {"shared", "history"}
 
 
 def test_generate_from_input_ids(server, local):

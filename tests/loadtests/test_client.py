@@ -2,7 +2,20 @@
 against the session's real Serve app, a streamed request and a refused one."""
 import json
 
-from loadtests.client import Outcome, generate, generate_body, lookahead_field, percentiles, prompt_cycle, read_stream
+import pytest
+
+from deployments.protocol import GenerateRequest
+from loadtests.client import (
+    REQUEST_KINDS,
+    Outcome,
+    generate,
+    generate_body,
+    lookahead_field,
+    parse_mix,
+    percentiles,
+    prompt_cycle,
+    read_stream,
+)
 from lookahead_core.serving import sse
 
 
@@ -44,6 +57,17 @@ def test_bodies_cycle_prompts_per_user_and_name_the_lookahead():
                                                  "lookahead": "off", "stream": True}
     assert generate_body("x", chat=False, max_new_tokens=1)["prompt"] == "x"
     assert lookahead_field("3,2,2") == {"n": 3, "w": 2, "g": 2} and lookahead_field("auto") == "auto"
+
+
+def test_a_mix_names_known_kinds_and_each_kind_is_a_valid_request():
+    assert parse_mix("off=4,fixed=1,top_p") == {"off": 4.0, "fixed": 1.0, "top_p": 1.0}
+    with pytest.raises(ValueError, match="unknown request kind 'wide'"):
+        parse_mix("off=1,wide=2")
+    with pytest.raises(ValueError, match="no positive weight"):
+        parse_mix("off=0")
+    for fields in REQUEST_KINDS.values():
+        body = {**generate_body("def f():", chat=False, max_new_tokens=8), **fields}
+        GenerateRequest.model_validate(body)  # what the server parses: no kind is refused
 
 
 def test_percentiles_are_nearest_rank_and_skip_missing_values():

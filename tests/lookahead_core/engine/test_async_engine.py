@@ -64,9 +64,12 @@ def test_closing_a_stream_frees_its_slot_within_one_step(setup):
     assert engine.engine.aborted == aborted + 1
 
 
-def test_timeout_aborts_the_request(setup):
+def test_timeout_ends_the_request(setup):
+    """A deadline ends the request in the engine as TIMEOUT: its slot frees, its text so far is
+    finished text (the history gets it), and it is not counted as an abort."""
     engine, cases = setup
     from lookahead_core.engine.async_engine import RequestTimeout
+    aborted, written = engine.engine.aborted, engine.engine.history.written
 
     async def main():
         got = []
@@ -80,6 +83,7 @@ def test_timeout_aborts_the_request(setup):
     assert time.perf_counter() - t0 < 0.5 and len(got) < 500
     wait_until(lambda: engine.queue_depth() == (0, 0), 1, interval=0.01)
     assert engine.queue_depth() == (0, 0) and engine.alive
+    assert engine.engine.aborted == aborted and engine.engine.history.written > written + len(got)
 
 
 def test_invalid_request_raises_before_streaming(setup):
@@ -130,3 +134,30 @@ def test_callers_share_nothing_with_the_engine_thread_but_the_command_queue(setu
         if i % 3:
             assert got == cases[i % 4][1]
     assert engine.alive and reads
+
+
+def test_an_engine_whose_steps_all_raise_reports_itself_failing():
+    """One failed step fails its requests and the engine serves on; steps that raise every time
+    (a broken graph, a device error) make `health_error` say so, and one good step clears it."""
+    model = build_random_model("llama")
+    engine = Engine(model, EngineConfig(max_batch=2, prefill_chunk=16, max_new_tokens=16))
+    front = AsyncEngine(engine, failing_after=2)
+    good_step = engine.step
+    engine.step = lambda: (_ for _ in ()).throw(RuntimeError("device lost"))
+
+    async def one(i):
+        return [step.finish_reason async for step in front.generate(req(f"f{i}", [5, 6, 7], 4))][-1]
+
+    try:
+        with pytest.raises(RuntimeError, match="engine step failed: device lost"):
+            asyncio.run(one(0))
+        assert front.health_error() is None  # one failure: the engine starts clean and serves on
+        with pytest.raises(RuntimeError, match="device lost"):
+            asyncio.run(one(1))
+        assert front.health_error() == "the engine's last 2 steps raised; the last: RuntimeError: device lost"
+        engine.step = good_step
+        assert asyncio.run(one(2)) == "length"
+        assert front.health_error() is None and front.alive
+    finally:
+        front.shutdown()
+    assert front.health_error() == "the engine thread is not running"

@@ -158,6 +158,66 @@ def test_steps_outside_every_bucket_run_eagerly(model):
     assert (staged.mask[:, 0, 3, 0] == 0).all()  # and see column 0, never nothing
 
 
+def test_a_graph_that_raises_is_dropped_and_its_step_reruns_eagerly(model):
+    """A ready graph that raises on a step: that step still returns the eager result (same KV
+    writes), the bucket turns failed, and later steps take another ready bucket or run eagerly."""
+    cache, ref_cache = _prefilled(model), _prefilled(model)
+    cf = CompiledForward(model, cache, batch_buckets=(2, 4), width_buckets=(1,), compile=False, lazy=False)
+    cf.warmup([Bucket(2, 1, CAP), Bucket(4, 1, CAP)])
+    graph = cf._fn
+
+    def broken(model, ids, *args):
+        if ids.shape[0] == 2:
+            raise RuntimeError("graph replay failed")
+        return graph(model, ids, *args)
+
+    cf._fn = broken
+    ref, ref_logits = _run(cf.eager, ref_cache, 2, 1, 9)
+    pred, logits = _run(cf.forward, cache, 2, 1, 9)
+    assert pred == ref
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    _same_writes(ref_cache, cache, 2, 1)
+    assert cf.graph_failures == 1 and cf.ready == {Bucket(4, 1, CAP)}
+    assert "graph replay failed" in cf.failed[Bucket(2, 1, CAP)]
+    assert [b["error"] for b in cf.status() if "error" in b] == ["RuntimeError: graph replay failed"]
+    assert cf.ready_bucket_for(2, 1, 40) == Bucket(4, 1, CAP)
+    _run(cf.forward, cache, 2, 1, 10)  # now in the (4, 1) graph, which works
+    assert cf.graph_failures == 1 and cf.calls == 1
+
+
+def test_eager_attention_keeps_its_path_while_another_thread_compiles():
+    """`torch.compiler.is_compiling()` is one process-wide flag during a compile (torch 2.13): the
+    engine thread's eager attention must not read it as "this forward is traced"."""
+    from transformers.integrations import sdpa_attention
+
+    from lookahead_core.engine.compiled_forward import install_sdpa_gqa
+
+    install_sdpa_gqa()
+    key = torch.zeros(1, 3, 4, 8)
+    mask = torch.zeros(1, 1, 1, 4)
+    entered, leave = threading.Event(), threading.Event()
+
+    def compile_session():
+        with torch.compiler._compile_session_context():
+            entered.set()
+            leave.wait(10)
+
+    other = threading.Thread(target=compile_session)
+    other.start()
+    try:
+        assert entered.wait(10) and torch.compiler.is_compiling()  # the flag this thread sees
+        assert sdpa_attention.use_gqa_in_sdpa(mask, key, key) is False
+        assert sdpa_attention.is_torchdynamo_compiling() is False
+    finally:
+        leave.set()
+        other.join()
+
+    def traced(x):  # in a dynamo trace the CPU kernels take grouped-query attention with a mask
+        return x + 1 if sdpa_attention.use_gqa_in_sdpa(mask, key, key) else x - 1
+
+    assert torch.compile(traced, backend="eager")(torch.zeros(1)).item() == 1
+
+
 def test_warmup_compiles_without_touching_committed_keys(model):
     cache = _prefilled(model)
     before = [layer.keys[:, :, : CAP - 1].clone() for layer in cache.layers]
@@ -227,13 +287,6 @@ def test_engine_compile_auto_serves_while_compiling(model):
 def test_compile_buckets_outside_the_engine_are_refused(buckets, error):
     with pytest.raises(ValueError, match=error):
         EngineConfig(**ENGINE, compile="auto", compile_buckets=buckets)
-
-
-def test_compile_bucket_beyond_the_kv_budget_is_refused_at_start(model):
-    config = EngineConfig(**ENGINE, kv_cache_memory="700KiB", prefix_cache_tokens=0, compile="on",
-                          compile_buckets=[(4, 1)])
-    with pytest.raises(ValueError, match="compile bucket batch 4 exceeds the 1 KV slots"):
-        Engine(model, config)
 
 
 @pytest.mark.compile

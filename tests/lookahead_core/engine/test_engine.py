@@ -405,6 +405,36 @@ def test_a_row_that_does_not_pace_lets_paced_rows_ride_its_width(setup):
     assert kinds and sum(k is not StepKind.PLAIN for k in kinds) >= 0.8 * len(kinds), kinds
 
 
+def test_a_fixed_request_cannot_widen_other_rows_past_the_slo(setup):
+    """A fixed (N, W, G) runs whole while the step fits `slo_tpot_ms`; beside plain requests, where
+    its width would break the SLO, it is priced like a paced row and nobody's step widens for it.
+    Every request's tokens stay exact either way."""
+    model, cases = setup
+    fixed = LookaheadParams(5, 8, 8, adapt=False)
+    # a step costs 10 ms a token of width: the fixed request's 33+ rows would cost 300+ ms
+    cells = {(batch, width): 10.0 * width for batch in (1, 2, 4) for width in range(1, 80)}
+
+    def run(slo, requests):
+        engine = Engine(ModelRunner(model, HeldCosts(cells)), EngineConfig(max_batch=4, max_new_tokens=64,
+                                                                           slo_tpot_ms=slo))
+        for i, params in requests:
+            engine.add_request(req(i, cases[i][0], MAX_NEW, params))
+        outputs, widths = {i: [] for i, _ in requests}, []
+        while engine.has_work():
+            running = engine.queue_depth()[0]
+            for out in engine.step():
+                outputs[out.seq_id] += out.tokens
+                if running == len(requests) and out.kind is not None:
+                    widths.append(out.width)
+        assert all(outputs[i] == cases[i][1] for i, _ in requests)
+        return widths
+
+    batch = [(0, fixed), (1, None), (2, None), (3, None)]
+    assert max(run(None, batch)) >= 33  # no SLO: the fixed request sets everyone's width
+    assert set(run(12.0, batch)) == {1}  # 33 rows at 10 ms each never fit 12 ms a token
+    assert min(run(None, [(0, fixed)])) >= 33  # alone, without an SLO: every step whole
+
+
 def test_kv_slots_come_from_the_memory_budget(setup):
     model, _ = setup
     runner = ModelRunner(model)

@@ -107,3 +107,20 @@ def test_its_size_can_be_read_while_another_thread_adds():
         thread.join()
         sys.setswitchinterval(interval)
     assert max(sizes) <= 5000 * 2
+
+
+@pytest.mark.parametrize("n, cap, max_keys", [(2, 1, 3), (3, 2, 5), (4, 8, None), (3, 0, 2), (5, 3, 40)])
+def test_add_sequence_is_add_of_each_ngram_in_turn(n, cap, max_keys):
+    """`add_sequence` inlines `add`: the same continuations, recency, evicted keys and size."""
+    import random
+
+    rng = random.Random(n * 100 + cap)
+    seq, each = NGramPool(n, cap, max_keys), NGramPool(n, cap, max_keys)
+    for _ in range(300):
+        tokens = [rng.randrange(rng.choice([3, 60])) for _ in range(rng.randrange(0, 30))]
+        start = rng.randrange(-2, 8)
+        seq.add_sequence(tokens, start)
+        for i in range(max(start, 0), len(tokens) - n + 1):
+            each.add(tokens[i], tuple(tokens[i + 1 : i + n]))
+        assert len(seq) == len(each) == sum(len(seq.lookup(k)) for k in range(60))
+        assert all(seq.lookup(k) == each.lookup(k) for k in range(60))

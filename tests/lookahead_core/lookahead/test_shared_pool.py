@@ -52,3 +52,16 @@ def test_only_the_tail_of_a_text_is_added():
     assert cands == []
     with pytest.raises(ValueError):
         SharedNGramPool(cap=1, max_keys=1, tail=1)
+
+
+def test_a_full_pool_evicts_its_oldest_keys_first_text_after_text():
+    shared = SharedNGramPool(cap=2, max_keys=50)
+    shared.track(2)
+    for start in range(0, 1000, 10):  # 100 texts of 10 new first tokens each
+        shared.add_text(list(range(start, start + 11)))
+    kept = []
+    for k in range(1000):
+        cands: list = []
+        shared.fill(2, k, cands, g=1)
+        kept += [k] if cands else []
+    assert kept == list(range(950, 1000)) and len(shared) == 50

@@ -4,6 +4,7 @@ import pytest
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import FinishReason
 from lookahead_core.serving import Completion, LookaheadSummary, Timings, Usage
+from lookahead_core.serving.outputs import REPLICA_TEXT_SOURCES
 
 
 def test_finish_reasons_are_one_enum_of_plain_strings():
@@ -20,6 +21,10 @@ def test_summary_and_dict_shape():
     by_source = LookaheadSummary.of("auto", LookaheadParams(), {"verify": 2}, rows=9, tokens=5, proposed=(3, 0, 0, 4, 0),
                                     accepted=(2, 0, 0, 1, 0))
     assert by_source.sources == {"lookup": {"proposed": 3, "accepted": 2}, "successors": {"proposed": 4, "accepted": 1}}
+    copied = LookaheadSummary.of("auto", LookaheadParams(), {"verify": 2}, rows=9, tokens=5, proposed=(0, 1, 2, 0, 3),
+                                 accepted=(0, 1, 1, 0, 2))
+    assert set(copied.sources) == {"pool", "shared", "history"}
+    assert copied.without(REPLICA_TEXT_SOURCES).sources == {"pool": {"proposed": 1, "accepted": 1}}
     c = Completion("hi", (5, 6), FinishReason.LENGTH, Usage(3, 2), summary, Timings(1.5, 2.0))
     assert c.usage.total_tokens == 5
     assert c.to_dict() == {"text": "hi", "token_ids": [5, 6], "finish_reason": "length",

@@ -12,6 +12,7 @@ from lookahead_core.engine.engine import Engine
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.serving import Completion, Delta, RequestError, RequestLimits, RequestProcessor, ServeRequest
+from tests.fixtures import wait_until
 
 from ...conftest import TINY_CHAT_TEMPLATE
 
@@ -96,12 +97,19 @@ def test_concurrent_requests(proc, engine, tiny):
         assert check_items(items, tiny[1]).token_ids == check_items(run(proc, req, engine), tiny[1]).token_ids
 
 
-def test_stop_string_cuts_the_text_and_ends_the_request(proc, engine):
+def test_stop_string_cuts_the_text_and_ends_the_request(proc, engine, tiny):
     full = run(proc, ServeRequest(prompt="abc", max_new_tokens=24, lookahead="off"), engine)[-1]
     assert len(full.text) >= 4
     stop = full.text[2:4]
+    eng = engine.engine
+    aborted, written = eng.aborted, eng.history.written
     cut = run(proc, ServeRequest(prompt="abc", max_new_tokens=24, stop=(stop,)), engine)[-1]
     assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.index(stop)]
+    # the engine ends it as a finish, not an abort: the text up to the stop becomes history
+    assert wait_until(lambda: eng.history.written > written, 5) and engine.queue_depth() == (0, 0)
+    assert eng.aborted == aborted
+    added = eng.history.ring[written : eng.history.written].tolist()
+    assert added == [*tiny[1]("abc")["input_ids"], *cut.token_ids, -1]  # -1: the gap after a text
 
 
 def test_eos_and_ignore_eos(proc, engine):

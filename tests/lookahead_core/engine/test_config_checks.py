@@ -1,0 +1,135 @@
+"""Config values that validate must start: what only the loaded model or the KV plan can check is
+checked once, at Engine init, with one message naming the field."""
+import logging
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lookahead_core.engine import engine as engine_module
+from lookahead_core.engine.config import EngineConfig
+from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.kv_budget import plan_kv
+from lookahead_core.lookahead.params import LookaheadParams
+from lookahead_core.models.random_models import build_random_model
+from tests.lookahead_core.helpers import req
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+LLAMA2_7B_FP16_KV_PER_TOKEN = 32 * 2 * 32 * 128 * 2  # layers x (K, V) x KV heads x head_dim x bytes
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_random_model("llama", vocab_size=32)
+
+
+class RecordedCompile:
+    """Stands in for CompiledForward: records the buckets the engine asks for, compiles nothing."""
+
+    def __init__(self, model, cache, **kwargs) -> None:
+        self.kwargs = kwargs
+        self.buckets = None
+
+    def warmup(self, buckets):
+        self.buckets = buckets
+        return {}
+
+    def compile_in_background(self, buckets):
+        self.buckets = buckets
+
+
+def test_compile_buckets_beyond_the_kv_slots_are_compiled_at_the_slot_count(model, monkeypatch, caplog):
+    monkeypatch.setattr(engine_module, "CompiledForward", RecordedCompile)
+    config = EngineConfig(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16, kv_cache_memory="700KiB",
+                          prefix_cache_tokens=0, compile="on", compile_buckets=[(1, 1), (4, 1), (4, 8)],
+                          compile_kv=[64])
+    with caplog.at_level(logging.WARNING, logger=engine_module.log.name):
+        engine = Engine(model, config)
+    assert engine.max_batch == 1
+    assert [(b.batch, b.width) for b in engine.compiled.buckets] == [(1, 1), (1, 8)]
+    assert engine.compiled.kwargs["batch_buckets"] == {1}
+    warnings = [r.getMessage() for r in caplog.records if "compile_buckets" in r.getMessage()]
+    assert len(warnings) == 1 and "batch 4 exceeds the 1 KV slots" in warnings[0] and "1 slots x" in warnings[0]
+
+
+def test_prefill_chunk_is_bounded():
+    with pytest.raises(ValueError, match="prefill_chunk 1000000 exceeds 8192"):
+        EngineConfig(prefill_chunk=10**6)
+    with pytest.raises(ValueError, match="prefill_chunk 9000 exceeds 8192 .*here 4096"):
+        EngineConfig(max_seq_len=4096, prefill_chunk=9000)
+    # generate()'s one-request engine prefills a whole long prompt: allowed where max_seq_len holds it
+    assert EngineConfig(max_seq_len=20000, prefill_chunk=10000).prefill_chunk == 10000
+
+
+def test_prefill_chunk_longer_than_a_sequence_allocates_only_max_seq_len(model):
+    engine = Engine(model, EngineConfig(max_batch=1, max_seq_len=64, max_new_tokens=8, prefill_chunk=4096))
+    assert engine._causal.shape == (64, 64) and engine._prefill_mask.shape[2] == 64
+    assert engine.scheduler.prefill_chunk == 64
+    engine.add_request(req(0, list(range(2, 30)), 4))
+    out = []
+    while engine.has_work():
+        out += [t for o in engine.step() for t in o.tokens]
+    assert len(out) == 4
+
+
+@pytest.mark.parametrize("tokens", [0, 2, 64])
+def test_history_tokens_zero_or_at_least_two(tokens):
+    assert EngineConfig(history_tokens=tokens).history_tokens == tokens
+
+
+def test_history_tokens_one_is_refused_by_the_config():
+    with pytest.raises(ValueError, match="history_tokens must be 0 .* or at least 2"):
+        EngineConfig(history_tokens=1)
+
+
+def test_without_a_kv_budget_the_slots_must_fit_free_memory(model):
+    config = EngineConfig(max_batch=4)  # max_seq_len: the model's context, 1024
+    need = Engine(model, config, free_bytes=2**40).kv_plan.total_bytes
+    with pytest.raises(ValueError, match=r"without an engine\.kv_cache_memory budget .*max_batch=4 .*"
+                                         r"is free; set engine\.kv_cache_memory .*engine\.max_seq_len"):
+        Engine(model, config, free_bytes=need - 1)
+    assert Engine(model, config, free_bytes=need).kv_plan.slots == 4
+
+
+def test_successor_topk_above_the_vocabulary_is_refused_at_init(model):
+    with pytest.raises(ValueError, match="engine.successor_topk 64 exceeds the model's vocabulary of 32 tokens"):
+        Engine(model, EngineConfig(max_batch=1, max_seq_len=64, successor_topk=64))
+    engine = Engine(model, EngineConfig(max_batch=1, max_seq_len=64, max_new_tokens=8, successor_topk=32))
+    engine.add_request(req(0, [2, 3, 4, 5], 6, LookaheadParams(3, 2, 2)))
+    while engine.has_work():
+        engine.step()
+
+
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+def test_logprobs_above_the_vocabulary_are_refused_per_request(field):
+    small = build_random_model("llama", vocab_size=16)  # below MAX_TOP_LOGPROBS
+    engine = Engine(small, EngineConfig(max_batch=1, max_seq_len=64, max_new_tokens=8, successor_topk=8))
+    with pytest.raises(ValueError, match="20 logprobs per token exceed the model's vocabulary of 16"):
+        engine.add_request(req(0, [2, 3, 4, 5], 6, **{field: 20}))
+    engine.add_request(req(1, [2, 3, 4, 5], 6, **{field: 5}))
+    while engine.has_work():
+        engine.step()
+
+
+def _readme_gpu_engine() -> EngineConfig:
+    """The engine of README's GPU example: the yaml block that sets compile_buckets."""
+    blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.S)
+    block = next(b for b in blocks if "compile_buckets" in b)
+    return EngineConfig.model_validate(yaml.safe_load(block)["args"]["engine"])
+
+
+def test_readme_gpu_example_figures_are_the_kv_arithmetic():
+    """Llama-2-7B in float16 with ~66 GiB free after the weights on an 80 GB card: the slots
+    README states, and its [32, 16] bucket compiled at that slot count instead of failing."""
+    cfg = _readme_gpu_engine()
+    assert cfg.max_step_tokens == 273
+    capacity = cfg.max_seq_len + cfg.max_step_tokens
+    plan = plan_kv(cfg.max_batch, capacity, LLAMA2_7B_FP16_KV_PER_TOKEN, cfg.max_step_tokens * capacity * 2,
+                   cfg.kv_cache_memory, free_bytes=66 * 2**30, reserved_tokens=cfg.prefix_cache_tokens)
+    assert (plan.slots, plan.capacity_tokens) == (26, 4369)
+    text = " ".join(README.read_text().split())
+    assert f"KV cache: {plan.slots} slots x {plan.capacity_tokens} tokens x 512.0 KiB" in text
+    assert f"{plan.bytes_per_slot / 2**30:.2f} GiB a slot" in text
+    assert cfg.buckets_within(plan.slots) == ((1, 1), (8, 1), (26, 16))
+    assert "`[32, 16]` as `[26, 16]`" in text

@@ -46,7 +46,12 @@ class StepPlanner:
         if floor > 1 and self.slo_tpot_ms is not None and not fits_slo(floor, _tokens_at(offers, floor)):
             floor, priced = 1, [o for o in offers if o.menu is not None]
         menus = [o.menu for o in priced if o.menu is not None]
-        cap = batch_width(menus, ratio, floor, fits_slo if self.slo_tpot_ms else None) if menus else floor
+
+        def fits_batch(width: int, tokens_per_menu: float) -> bool:
+            # every row's user waits the whole step: a row outside the menus yields one token of it
+            return fits_slo(width, (tokens_per_menu * len(menus) + len(offers) - len(menus)) / len(offers))
+
+        cap = batch_width(menus, ratio, floor, fits_batch if self.slo_tpot_ms else None) if menus else floor
         widen = len(offers) == 1  # alone: a retry may widen the step, nobody else pays for it
         return [_choice(o, cap, ratio, widen) for o in offers]
 

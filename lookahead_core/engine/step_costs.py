@@ -121,9 +121,19 @@ class StepCosts:
         return 0.0 if widest <= 1 else (self.ratio(batch, widest) - 1.0) / (widest - 1)
 
     def estimate_ms(self, batch: int, width: int) -> float | None:
-        """What a step of this batch and width is expected to take; None before anything ran at this batch size."""
-        one = self.one_token_ms(batch)
-        return None if one is None else one * self.ratio(batch, width)
+        """What a step of this batch and width is expected to take, for the SLO: a width never
+        measured at least at the prior's slope, a batch size never run at least at the largest
+        smaller one's one-token cost; None before any forward ran at this batch size or below."""
+        bucket = batch_bucket(batch)
+        below = [b for b in self._narrowest if b <= bucket]
+        if not below:
+            return None
+        if max(below) < bucket:  # more rows never cost less
+            return self.one_token_ms(1 << max(below)) * self.prior_ratio(width)  # type: ignore[operator]
+        ratio = self.ratio(batch, width)
+        if self.measured(batch, width) is None:
+            ratio = max(ratio, self.prior_ratio(width))
+        return self.one_token_ms(batch) * ratio  # type: ignore[operator]
 
     def table(self) -> dict[str, float]:
         """Measured cells as {"b<bucket>t<width>": ms}, for health pages and benchmarks."""

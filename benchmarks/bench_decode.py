@@ -16,7 +16,6 @@ far bf16 itself moves the text).
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import platform
@@ -201,7 +200,7 @@ class Bench:
         self.configs, self.max_new, self.sampling = configs, max_new, sampling
         self.tallies = {c.name: Tally() for c in configs}
         self.runs = 0
-        self._history = None  # the engine's cross-request state (successor table, text, row rates) as the prompt found it
+        self._learned = None  # what the engine had learned across requests as the prompt found it
         # one static cache sized to the longest prompt plus max_new_tokens: one compiled graph for all
         self.compiled = {c.name: CompiledGreedy(model, max_prompt_len + max_new, gemm_autotune, c.name == SKIP_GUARDS_PEER)
                          for c in configs if c.kind == "hf-compiled"}
@@ -209,17 +208,13 @@ class Bench:
     def reset(self) -> None:
         self.tallies = {c.name: Tally() for c in self.configs}
         if self.engine is not None:  # the warm-up prompt's text is no one's
-            e = self.engine
-            for state in (e.successors, e.history, *e.row_rates.values(), e.full_yields):
-                if state is not None:
-                    state.clear()
+            self.engine.knowledge.clear()
 
     def start_prompt(self) -> None:
-        """Every configuration meets the replica's history (successor table, finished text) as
+        """Every configuration meets what the replica learned (successor table, finished text, rates) as
         earlier prompts left it, not holding this prompt's output from the configuration before it."""
         if self.engine is not None:
-            e = self.engine
-            self._history = copy.deepcopy((e.successors, e.history, e.row_rates, e.full_yields))
+            self._learned = self.engine.knowledge.snapshot()
 
     def run(self, config: Config, prompt: list[int]) -> tuple[list[int], float]:
         if config.kind in ("hf", "hf-pld"):
@@ -232,9 +227,8 @@ class Bench:
             self.runs += 1  # a new seed per sampled run
             seeded = None if self.sampling is None else SamplingParams(
                 self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, seed=self.runs)
-            if self._history is not None:
-                e = self.engine
-                e.successors, e.history, e.row_rates, e.full_yields = copy.deepcopy(self._history)
+            if self.engine is not None and self._learned is not None:
+                self.engine.knowledge.restore(self._learned)
             t0 = time.perf_counter()
             if self.engine is not None:
                 tokens, stats = self.run_engine(config, prompt, seeded)

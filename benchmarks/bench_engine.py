@@ -29,8 +29,7 @@ from lookahead_core.models.loading import DEFAULT_MODEL, load_model
 
 
 def run_engine(engine: Engine, prompts, concurrency: int, requests: int, max_new: int, params) -> dict:
-    if engine.shared_pool is not None:  # every run starts cold: no run decodes text an earlier one saw
-        engine.shared_pool.clear()
+    engine.knowledge.clear()  # every run starts cold: no run decodes text an earlier one saw, nor its rates
     pending = deque(range(requests))
     added, latencies, tokens, inflight = {}, [], 0, 0
     t0 = time.perf_counter()

@@ -78,10 +78,7 @@ class LookaheadModel:
             self.engine.add_request(EngineRequest(f"warm-up-{i}", prompt, StopCondition(4), lookahead))
             while self.engine.has_work():
                 self.engine.step()
-        if self.engine.shared_pool is not None:  # the warm-up text is no one's
-            self.engine.shared_pool.clear()
-        if self.engine.history is not None:
-            self.engine.history.clear()
+        self.engine.knowledge.clear()  # the warm-up text, and what its steps taught, is no one's
         if self.engine.prefixes is not None:
             self.engine.prefixes.clear()
         return time.time() - start
@@ -141,7 +138,7 @@ class LookaheadModel:
                         "engine_steps": engine.steps, "aborted_requests": engine.aborted},
             "kv_cache": {**engine.kv_plan.as_dict(), "max_seq_len": engine.max_seq_len},
             "auto_lookahead": engine.config.lookahead.label,
-            "history": engine.history_status(),
+            "history": engine.knowledge.status(),
             "prefix_cache": None if engine.prefixes is None else engine.prefixes.status(),
             "step_costs_ms": engine.runner.costs.table(),
             "compiled_decode": {"mode": engine.config.compile, "buckets": engine.compile_status(),

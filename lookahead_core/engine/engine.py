@@ -20,15 +20,11 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.scheduler import Scheduler, SlotMove
 from lookahead_core.engine.sequence import Row, Sequence, SequenceStats
 from lookahead_core.engine.step_buffers import BatchStepBuffers
-from lookahead_core.lookahead.history import SharedHistory
-from lookahead_core.lookahead.pacing import FullYields, StepKind
+from lookahead_core.lookahead.knowledge import ReplicaKnowledge
+from lookahead_core.lookahead.pacing import StepKind
 from lookahead_core.lookahead.params import LookaheadParams
-from lookahead_core.lookahead.row_rates import RowRates
 from lookahead_core.lookahead.sampling import SamplingParams, sample_rows
-from lookahead_core.lookahead.shared_pool import SharedNGramPool
 from lookahead_core.lookahead.stopping import FinishReason
-from lookahead_core.lookahead.successors import SuccessorTable
-from lookahead_core.lookahead.tree import SOURCE_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +84,7 @@ class Engine:
         chunk = min(cfg.prefill_chunk, self.max_seq_len)  # a prompt is shorter: its masks need no more rows
         self.scheduler = Scheduler(slots, chunk)
         self.planner = StepPlanner(r.costs, slots, cfg.slo_tpot_ms)
-        self.shared_pool = (SharedNGramPool(cfg.shared_pool_cap, cfg.shared_pool_keys, cfg.shared_pool_text)
-                            if cfg.shared_pool_cap else None)
-        self.history = SharedHistory(cfg.history_tokens) if cfg.history_tokens else None
-        self.successors = (SuccessorTable(r.vocab_size, cfg.successor_topk, max(cfg.max_successors, 1))
-                           if cfg.successor_topk else None)
-        # greedy and sampled requests apart: a sampled one accepts a row only where its draw lands
-        self.row_rates = {sampled: RowRates(Sequence.ROW_DEPTHS) for sampled in (False, True)}
-        self.full_yields = FullYields()
+        self.knowledge = ReplicaKnowledge(cfg, r.vocab_size)  # what the replica learns across requests
         self.prefixes = PrefixCache(cfg.prefix_cache_tokens) if cfg.prefix_cache_tokens else None
         self._prefill_mask = torch.zeros((1, 1, chunk, capacity), dtype=r.dtype, device=r.device)
         self._causal = torch.full((chunk, chunk), torch.finfo(r.dtype).min, dtype=r.dtype, device=r.device).triu_(1)
@@ -131,26 +120,6 @@ class Engine:
         else:
             cf.compile_in_background(buckets)
         return cf
-
-    def history_status(self) -> dict:
-        """The replica's cross-request candidate tables: their sizes and memory (for /health)."""
-        pool, succ, hist = self.shared_pool, self.successors, self.history
-        return {
-            "shared_pool": None if pool is None else {"ngrams": len(pool), "max_keys": pool.max_keys, "cap": pool.cap},
-            "text": None if hist is None else {"tokens": min(hist.written, hist.capacity), "capacity": hist.capacity,
-                                               "index_entries": len(hist), "bytes": hist.nbytes},
-            "successors": None if succ is None else {
-                "k": succ.k, "tokens_known": succ.known, "bytes": succ.nbytes, "template_nodes": succ.max_nodes,
-                "node_acceptance": {kind: [round(float(r), 3) for r in succ.rates(sampled)[:8]]
-                                    for kind, sampled in (("greedy", False), ("sampled", True))}},
-            # tree rows accepted per proposal, by source, at depths 1-4 (what a VERIFY step expects of them)
-            "row_acceptance": {kind: {name: [round(float(r), 3) for r in rates[:4]]
-                                      for name, rates in zip(SOURCE_NAMES, self.row_rates[sampled].rates())}
-                               for kind, sampled in (("greedy", False), ("sampled", True))},
-            # tokens a whole step (window and tree) yields, where each new request's pacer starts
-            "full_step_yield": {("sampled" if sampled else "greedy") + ("_copied" if copied else ""): round(mean, 3)
-                                for (sampled, copied), mean in self.full_yields.means.items()},
-        }
 
     def compile_status(self) -> list[dict]:
         """The compiled decode buckets: shape, ready or not, compile seconds, steps run, and what the
@@ -193,8 +162,7 @@ class Engine:
         sched = self.scheduler
         if len(sched.waiting) >= self.config.max_waiting + max(sched.free_slots(), 0):
             raise EngineOverloaded(f"{len(sched.waiting)} requests are already waiting for a slot")
-        seq = Sequence(req, params, self.runner.layout, self.shared_pool, self.successors, self.history,
-                       self.row_rates, self.full_yields)
+        seq = Sequence(req, params, self.runner.layout, self.knowledge)
         self._seqs[req.request_id] = seq
         sched.add(seq)
         if self.compiled is not None:
@@ -285,11 +253,11 @@ class Engine:
             m[:n, start : start + n].copy_(self._causal[:n, :n])
             self.cache.prepare_slot(slot, start, n)
             top = seq.prompt_logprobs
-            succ = self.successors if self.config.successor_prefill else None
+            succ = self.knowledge.successors if self.config.successor_prefill else None
             logits = self.runner.prefill(ids, start, self.cache, self._prefill_mask[:, :, :n, : start + n],
                                          all_logits=top is not None or succ is not None)
             if succ is not None:  # the prompt's own tokens get the successors the model gives them here
-                succ.update(ids[0].cpu().numpy(), logits[0].topk(succ.k, dim=-1).indices.cpu().numpy())
+                self.knowledge.observe_prefill(ids[0].cpu().numpy(), logits[0].topk(succ.k, dim=-1).indices.cpu().numpy())
             m[:n, start : start + n].zero_()
             if top is not None and seq.prompt_lp is not None:  # row i predicts prompt token start + i + 1
                 seq.prompt_lp += token_logprobs(logits[0], range(n), seq.tokens[start + 1 : start + n + 1], top)
@@ -324,7 +292,8 @@ class Engine:
         price = self.planner.row_price(batch + waiting)
         choices = self.planner.plan([seq.offer(price) for seq in running], waiting)
         rows = [seq.plan(buf.ids[b], choice) for b, (seq, choice) in enumerate(zip(running, choices))]
-        width = max(row.width for row in rows)
+        widths = [row.width for row in rows]
+        width = max(widths)
         for b, (seq, row) in enumerate(zip(running, rows)):
             n, start = row.width, lengths[b]
             pos = buf.pos[b]
@@ -341,15 +310,15 @@ class Engine:
         kv_len = max(lengths[:batch]) + width
         cache.prepare_rows(batch, buf.dev[2, :batch, :width], kv_len)
         t1 = time.perf_counter()
-        succ = self.successors
+        know = self.knowledge
+        succ = know.successors
         tokens, logits = self.runner.forward(buf.dev[0, :batch, :width], buf.dev[1, :batch, :width],
                                              buf.mask[:batch, :, :width, :kv_len], cache, self.compiled,
                                              topk=succ.k if succ is not None else 0)
         self.forward_s += time.perf_counter() - t1
         pred = (tokens[..., 0] if succ is not None else tokens).tolist()
-        if succ is not None:  # every real row's top-k become its input token's successors
-            for b, row in enumerate(rows):
-                succ.update(buf.ids[b, : row.width], tokens[b, : row.width, 1:])
+        if succ is not None:
+            know.observe_forward(buf.ids, tokens, widths)
 
         drawn = self._draw(running, rows, logits)
         outputs: list[StepOutput] = []
@@ -405,10 +374,7 @@ class Engine:
         for seq in done:
             self._seqs.pop(seq.seq_id, None)
             if seq.finish_reason is not FinishReason.ABORT:
-                if self.shared_pool is not None:
-                    self.shared_pool.add_text(seq.tokens)
-                if self.history is not None:
-                    self.history.add_text(seq.tokens[-self.config.shared_pool_text :])
+                self.knowledge.add_finished_text(seq.tokens)
         self._apply(moves)
 
     def _apply(self, moves: list[SlotMove]) -> None:

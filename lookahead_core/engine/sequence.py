@@ -11,16 +11,14 @@ import numpy as np
 import torch
 
 from lookahead_core.engine.request import EngineRequest
-from lookahead_core.lookahead.history import SharedHistory
+from lookahead_core.lookahead.knowledge import ROW_DEPTHS, ReplicaKnowledge
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.ngram_pool import NGramPool
-from lookahead_core.lookahead.pacing import FullYields, Menu, StepChoice, StepKind, StepPacer, step_menu
+from lookahead_core.lookahead.pacing import Menu, StepChoice, StepKind, StepPacer, step_menu
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.row_rates import RowRates
 from lookahead_core.lookahead.sampling import new_seed, position_uniform
-from lookahead_core.lookahead.shared_pool import SharedNGramPool
 from lookahead_core.lookahead.stopping import FinishReason
-from lookahead_core.lookahead.successors import SuccessorTable
 from lookahead_core.lookahead.suffix_index import SuffixIndex
 from lookahead_core.lookahead.tree import SOURCE_NAMES, CandidateTree, Source
 from lookahead_core.lookahead.window import LookaheadWindow
@@ -103,11 +101,7 @@ class Sequence:
         req: EngineRequest,
         params: LookaheadParams | None,
         layout_for: Callable[[LookaheadParams | None], StepLayout],
-        shared: SharedNGramPool | None = None,
-        successors: SuccessorTable | None = None,
-        history: SharedHistory | None = None,
-        row_rates: Mapping[bool, RowRates] | None = None,
-        full_yields: FullYields | None = None,
+        knowledge: ReplicaKnowledge | None = None,
     ) -> None:
         self.seq_id = req.request_id
         self.tokens: list[int] = list(req.prompt)
@@ -131,17 +125,19 @@ class Sequence:
         self.tree = CandidateTree(lay.max_tree_rows)
         self._hit = np.zeros(lay.max_tree_rows, dtype=bool)  # which tree rows a step accepted, reused
         self.pacer: StepPacer | None = None
-        self._full_yields = full_yields
+        # the replica's tables, held here so that a step reads them without a lookup through `knowledge`
+        know = knowledge
+        self._full_yields = full_yields = know.full_yields if know is not None else None
         sampled = sampling is not None
         if params is not None and params.adapt:
             self.pacer = (StepPacer() if full_yields is None else
                           StepPacer(full_yields.start(sampled), on_full=partial(full_yields.observe, sampled)))
-        self.shared = shared
-        self.history = history if params is not None and params.lookup else None
-        self.successors = successors if params is not None and params.successors else None
+        self.shared = shared = know.shared_pool if know is not None else None
+        self.history = know.history if know is not None and params is not None and params.lookup else None
+        self.successors = know.successors if know is not None and params is not None and params.successors else None
         # how often rows like the tree's were accepted: the replica's (for greedy or sampled
         # requests, as this one is), and this request's own
-        self.row_rates = row_rates[sampled] if row_rates is not None else RowRates(self.ROW_DEPTHS)
+        self.row_rates = know.row_rates[sampled] if know is not None else RowRates(ROW_DEPTHS)
         self._own_rates = RowRates(self.row_rates.max_depth, prior=False)
         self._order = np.zeros(0, dtype=np.int64)  # tree rows, likeliest first
         self._full_rows = 0  # the tree rows a whole step keeps
@@ -175,7 +171,6 @@ class Sequence:
         return self.finish_reason is not None
 
     OWN_WEIGHT = 16.0  # proposals of a node after which the request's own rate counts as much as the replica's
-    ROW_DEPTHS = 16  # row rates are kept per depth up to this; deeper rows share the last
 
     def node_rates(self) -> np.ndarray:
         """Each successor template node's acceptance: the request's own, pulled toward the replica's."""

@@ -69,7 +69,7 @@ def test_timeout_ends_the_request(setup):
     finished text (the history gets it), and it is not counted as an abort."""
     engine, cases = setup
     from lookahead_core.engine.async_engine import RequestTimeout
-    aborted, written = engine.engine.aborted, engine.engine.history.written
+    aborted, written = engine.engine.aborted, engine.engine.knowledge.history.written
 
     async def main():
         got = []
@@ -83,7 +83,7 @@ def test_timeout_ends_the_request(setup):
     assert time.perf_counter() - t0 < 0.5 and len(got) < 500
     wait_until(lambda: engine.queue_depth() == (0, 0), 1, interval=0.01)
     assert engine.queue_depth() == (0, 0) and engine.alive
-    assert engine.engine.aborted == aborted and engine.engine.history.written > written + len(got)
+    assert engine.engine.aborted == aborted and engine.engine.knowledge.history.written > written + len(got)
 
 
 def test_invalid_request_raises_before_streaming(setup):

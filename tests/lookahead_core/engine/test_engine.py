@@ -225,9 +225,9 @@ def test_shared_pool_speeds_up_a_repeat_and_keeps_it_exact(setup, cap):
     assert [tokens for tokens, _ in runs] == [ref, ref]
     steps = [stats.steps for _, stats in runs]
     if cap:
-        assert steps[1] <= steps[0] / 2 and len(engine.shared_pool) > 0
+        assert steps[1] <= steps[0] / 2 and len(engine.knowledge.shared_pool) > 0
     else:
-        assert steps[1] == steps[0] and engine.shared_pool is None
+        assert steps[1] == steps[0] and engine.knowledge.shared_pool is None
 
 
 @pytest.mark.parametrize(("topk", "prefill"), [(8, False), (8, True), (0, False)])
@@ -243,9 +243,9 @@ def test_successor_table_speeds_up_a_repeat_and_keeps_it_exact(setup, topk, pref
     long = next(p for p, _, _ in cases if len(set(p)) > 8)
     _run_alone(engine, -1, long, "off", max_new_tokens=1)  # a prefill, then one plain step of the last token
     if topk:
-        assert engine.successors is not None
-        assert (engine.successors.table[long] >= 0).all() == prefill
-        engine.successors.clear()
+        assert engine.knowledge.successors is not None
+        assert (engine.knowledge.successors.table[long] >= 0).all() == prefill
+        engine.knowledge.successors.clear()
     prompt, ref, _ = cases[0]
     prompt, ref, _ = cases[0]
     runs = [_run_alone(engine, i, prompt, LookaheadParams(2, 1, 0, lookup=0, successors=16, adapt=False))
@@ -254,9 +254,9 @@ def test_successor_table_speeds_up_a_repeat_and_keeps_it_exact(setup, topk, pref
     first, second = (stats for _, stats in runs)
     if topk:
         assert second.steps < first.steps and second.accepted_from["successors"] > 0
-        assert engine.successors is not None and engine.successors.known > len(set(prompt))
+        assert engine.knowledge.successors is not None and engine.knowledge.successors.known > len(set(prompt))
     else:
-        assert second.steps == first.steps == len(ref) and engine.successors is None
+        assert second.steps == first.steps == len(ref) and engine.knowledge.successors is None
         assert second.proposed == {}
 
 
@@ -274,9 +274,9 @@ def test_history_of_finished_text_speeds_up_a_repeat_and_keeps_it_exact(setup, h
     assert "history" not in first.accepted_from
     if history:
         assert second.steps <= first.steps / 2 and second.accepted_from["history"] > 0
-        assert engine.history_status()["text"]["tokens"] == 2 * (len(prompt) + len(ref)) + 2
+        assert engine.knowledge.status()["text"]["tokens"] == 2 * (len(prompt) + len(ref)) + 2
     else:
-        assert second.steps == first.steps and engine.history is None
+        assert second.steps == first.steps and engine.knowledge.history is None
 
 
 def test_full_steps_teach_the_replica_what_a_new_request_expects_of_them(setup):
@@ -287,17 +287,17 @@ def test_full_steps_teach_the_replica_what_a_new_request_expects_of_them(setup):
     prompt, ref, _ = cases[0]
     tokens, stats = _run_alone(engine, 0, prompt, LookaheadParams(2, 1, 0))
     assert tokens == ref and stats.steps_by_kind.get("full", 0) > 0
-    means = engine.full_yields.means
+    means = engine.knowledge.full_yields.means
     assert any(means[(False, copied)] != 2.0 for copied in (False, True))
     assert means[(True, False)] == means[(True, True)] == 2.0
     engine.add_request(req(1, prompt, MAX_NEW, LookaheadParams(2, 1, 0)))
-    assert engine._seqs[1].pacer.yields == engine.full_yields.start(False)
+    assert engine._seqs[1].pacer.yields == engine.knowledge.full_yields.start(False)
     # what greedy rows accepted is not what a sampled request expects of its rows, nor the reverse
     engine.add_request(req(2, prompt, MAX_NEW, LookaheadParams(2, 1, 0), sampling=SamplingParams(1.0, seed=0)))
     greedy, sampled = engine._seqs[1], engine._seqs[2]
-    assert greedy.row_rates is engine.row_rates[False] and sampled.row_rates is engine.row_rates[True]
-    assert engine.row_rates[False] is not engine.row_rates[True]
-    assert set(engine.history_status()["full_step_yield"]) == {"greedy", "greedy_copied", "sampled", "sampled_copied"}
+    assert greedy.row_rates is engine.knowledge.row_rates[False] and sampled.row_rates is engine.knowledge.row_rates[True]
+    assert engine.knowledge.row_rates[False] is not engine.knowledge.row_rates[True]
+    assert set(engine.knowledge.status()["full_step_yield"]) == {"greedy", "greedy_copied", "sampled", "sampled_copied"}
 
 
 def test_successor_nodes_that_do_not_earn_their_row_are_left_out(setup):
@@ -313,7 +313,7 @@ def test_successor_nodes_that_do_not_earn_their_row_are_left_out(setup):
         tokens, stats = _run_alone(engine, i, prompt, params)
         assert tokens == ref
         proposed.append(stats.proposed.get("successors", 0) / stats.steps)
-    rates = engine.successors.rates()[:16]
+    rates = engine.knowledge.successors.rates()[:16]
     assert (rates < 0.05).any() and 0 < proposed[2] < proposed[1]
 
 
@@ -348,10 +348,10 @@ def test_only_the_tail_of_a_finished_request_joins_the_shared_pool(setup):
     engine.add_request(req(0, prompt, MAX_NEW, LookaheadParams(3, 2, 2)))
     while engine.has_work():
         engine.step()
-    assert 1 <= len(engine.shared_pool) <= 6 - 3 + 1  # the 4 trigrams of the last 6 tokens at most
+    assert 1 <= len(engine.knowledge.shared_pool) <= 6 - 3 + 1  # the 4 trigrams of the last 6 tokens at most
     tail = (prompt + ref)[-6:]
     cands: list = []
-    engine.shared_pool.fill(3, tail[-3], cands, 4)
+    engine.knowledge.shared_pool.fill(3, tail[-3], cands, 4)
     assert tuple(tail[-2:]) in cands
 
 

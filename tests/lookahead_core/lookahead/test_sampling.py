@@ -324,8 +324,8 @@ def test_a_seed_fixes_the_tokens_whatever_the_lookahead_the_batch_or_the_candida
                   for i, (seed, la) in enumerate(zip(seeds, lookaheads))])
     assert batch[0] == batch[2] == plain and batch[1] != plain
     polluted = Engine(model, EngineConfig(max_batch=2, max_new_tokens=32))
-    polluted.shared_pool.track(3)
-    polluted.shared_pool.add_text(np.random.default_rng(0).integers(0, V, 3000).tolist())
+    polluted.knowledge.shared_pool.track(3)
+    polluted.knowledge.shared_pool.add_text(np.random.default_rng(0).integers(0, V, 3000).tolist())
     assert _run(polluted, [req("p", prompt, 24, LookaheadParams(3, 2, 3), sampling=s)])["p"] == plain
     unseeded = [generate(model, torch.tensor([prompt]), max_new_tokens=24, eos_token_id=[],
                          sampling=SamplingParams(0.9)).tokens for _ in range(3)]

@@ -102,13 +102,13 @@ def test_stop_string_cuts_the_text_and_ends_the_request(proc, engine, tiny):
     assert len(full.text) >= 4
     stop = full.text[2:4]
     eng = engine.engine
-    aborted, written = eng.aborted, eng.history.written
+    aborted, written = eng.aborted, eng.knowledge.history.written
     cut = run(proc, ServeRequest(prompt="abc", max_new_tokens=24, stop=(stop,)), engine)[-1]
     assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.index(stop)]
     # the engine ends it as a finish, not an abort: the text up to the stop becomes history
-    assert wait_until(lambda: eng.history.written > written, 5) and engine.queue_depth() == (0, 0)
+    assert wait_until(lambda: eng.knowledge.history.written > written, 5) and engine.queue_depth() == (0, 0)
     assert eng.aborted == aborted
-    added = eng.history.ring[written : eng.history.written].tolist()
+    added = eng.knowledge.history.ring[written : eng.knowledge.history.written].tolist()
     assert added == [*tiny[1]("abc")["input_ids"], *cut.token_ids, -1]  # -1: the gap after a text
 
 

@@ -29,10 +29,12 @@ def test_replicas_land_on_the_worker_nodes_and_the_api_on_the_head(failover):
 
 
 def test_only_requests_in_flight_on_the_lost_node_fail_with_a_clear_error(failover):
+    """Those that had streamed from the lost replica fail with REPLICA_LOST; those that had no token
+    yet are sent again and succeed, so none may fail at all; the other replica's always finish."""
     assert failover["in_flight_at_removal"] >= 2
-    assert 1 <= failover["failed"] <= failover["in_flight_at_removal"] - 1  # the other replica's finish
+    assert failover["failed"] <= failover["in_flight_at_removal"] - 1
     assert failover["failed_in_flight_at_removal"] == failover["failed"]
-    assert failover["errors"] == [REPLICA_LOST.message]
+    assert failover["errors"] == ([REPLICA_LOST.message] if failover["failed"] else [])
     assert failover["client_timeouts"] == 0
     assert failover["failure_latency_s"]["p100"] < 30  # an error, not a hang
 

@@ -9,7 +9,7 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.pacing import StepKind
 from lookahead_core.lookahead.sampling import SamplingParams
-from lookahead_core.lookahead.stopping import StopCondition
+from lookahead_core.lookahead.stopping import FinishReason, StopCondition
 from lookahead_core.models.random_models import build_random_model
 from tests.lookahead_core.helpers import req, well_conditioned_cases
 
@@ -433,6 +433,27 @@ def test_a_fixed_request_cannot_widen_other_rows_past_the_slo(setup):
     assert max(run(None, batch)) >= 33  # no SLO: the fixed request sets everyone's width
     assert set(run(12.0, batch)) == {1}  # 33 rows at 10 ms each never fit 12 ms a token
     assert min(run(None, [(0, fixed)])) >= 33  # alone, without an SLO: every step whole
+
+
+def test_a_caller_finish_keeps_the_text_up_to_the_stop_and_is_no_abort(setup):
+    """`Engine.finish`: a running request ends as STOP at the tokens the caller kept; that text,
+    not what the engine decoded past it, becomes history, and it does not count as aborted."""
+    model, cases = setup
+    engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=0))
+    prompt = list(cases[0][0])
+    engine.add_request(req("s", prompt, MAX_NEW))
+    produced = []
+    while len(produced) < 5:
+        for out in engine.step():
+            produced += out.tokens
+    written = engine.knowledge.history.written
+    assert engine.finish("s", FinishReason.STOP, kept=3)
+    assert not engine.finish("s", FinishReason.STOP, kept=3)  # already ended
+    outs = [o for _ in range(2) for o in engine.step()]
+    assert [(o.seq_id, o.finish_reason) for o in outs] == [("s", FinishReason.STOP)]
+    assert engine.queue_depth() == (0, 0) and engine.aborted == 0
+    history = engine.knowledge.history
+    assert history.ring[written : history.written].tolist() == [*prompt, *produced[:3], -1]
 
 
 def test_kv_slots_come_from_the_memory_budget(setup):

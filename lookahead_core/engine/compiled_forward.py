@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import ctypes
+import inspect
 import logging
 import os
 import sys
@@ -266,6 +267,17 @@ class CompileThrottle:
         self.turn_start = time.monotonic()
 
 
+def _recompile_limit(graphs: int) -> dict:
+    """torch.compile's keywords that let one function hold `graphs` graphs: its own limit where
+    torch takes one (2.13), else the process-wide limit raised to it."""
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        return {"isolate_recompiles": True, "recompile_limit": graphs}
+    dynamo = torch._dynamo.config
+    dynamo.recompile_limit = max(dynamo.recompile_limit, graphs)
+    dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * graphs)
+    return {}
+
+
 class CompiledForward:
     """`forward(input_ids, position_ids, mask, cache)` with `ModelRunner.forward`'s contract
     (greedy next token of every input position as host lists, and the logits [B, T, V]), run
@@ -329,9 +341,8 @@ class CompiledForward:
         options: dict[str, Any] = {**(list_mode_options(self.mode) if self.mode else {}),
                                    "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         graphs = len(self.batch_buckets) * len(self.width_buckets) * len(self.kv_buckets)
-        # torch.compile's typed overloads lack the last two keywords, which it takes (torch 2.13)
-        self._fn = (torch.compile(_decode_step, fullgraph=True, dynamic=False, options=options,  # type: ignore[call-overload]
-                                  isolate_recompiles=True, recompile_limit=graphs) if compile else _decode_step)
+        self._fn = (torch.compile(_decode_step, fullgraph=True, dynamic=False, options=options,
+                                  **_recompile_limit(graphs)) if compile else _decode_step)
         install_sdpa_gqa()
         quiet_autotune()
         self._compiler: threading.Thread | None = None

@@ -75,16 +75,19 @@ class Engine:
         assert not isinstance(budget, str)  # EngineConfig parses memory strings into bytes
         if (budget is None or isinstance(budget, float)) and free_bytes is None:  # a share of it, or checked against it
             free_bytes = free_memory(r.device)
+        self.knowledge = ReplicaKnowledge(cfg, r.vocab_size)  # what the replica learns across requests
+        # the tables live in host memory: on a CPU replica they share the free memory the KV is fitted to
         self.kv_plan: KVPlan = plan_kv(cfg.max_batch, capacity, r.kv_bytes_per_token,
                                        cfg.max_step_tokens * capacity * r.dtype.itemsize, budget, free_bytes,
-                                       reserved_tokens=cfg.prefix_cache_tokens)
+                                       reserved_tokens=cfg.prefix_cache_tokens,
+                                       learned_bytes=self.knowledge.planned_bytes,
+                                       learned_in_free=r.device.type == "cpu")
         self.max_batch = slots = self.kv_plan.slots
         self.cache = BatchKVCache(r.num_layers, slots, capacity, r.device)
         self.buffers = BatchStepBuffers(slots, cfg.max_step_tokens, capacity, r.dtype, r.device)
         chunk = min(cfg.prefill_chunk, self.max_seq_len)  # a prompt is shorter: its masks need no more rows
         self.scheduler = Scheduler(slots, chunk)
         self.planner = StepPlanner(r.costs, slots, cfg.slo_tpot_ms)
-        self.knowledge = ReplicaKnowledge(cfg, r.vocab_size)  # what the replica learns across requests
         self.prefixes = PrefixCache(cfg.prefix_cache_tokens) if cfg.prefix_cache_tokens else None
         self._prefill_mask = torch.zeros((1, 1, chunk, capacity), dtype=r.dtype, device=r.device)
         self._causal = torch.full((chunk, chunk), torch.finfo(r.dtype).min, dtype=r.dtype, device=r.device).triu_(1)

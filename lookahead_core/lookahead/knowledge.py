@@ -32,6 +32,8 @@ class KnowledgeConfig(Protocol):
     def successor_topk(self) -> int: ...
     @property
     def max_successors(self) -> int: ...
+    @property
+    def max_n(self) -> int: ...
 
 
 class KnowledgeSnapshot:
@@ -63,6 +65,11 @@ class ReplicaKnowledge:
         self.row_rates = {sampled: RowRates(ROW_DEPTHS) for sampled in (False, True)}
         self.full_yields = FullYields()
         self._text_tail = cfg.shared_pool_text  # the history gets as much of a finished text as the pool
+        # the arrays are allocated here; the pool grows to its bound as requests of each n finish
+        self.planned_bytes = sum(t.nbytes for t in (self.history, self.successors, *self.row_rates.values())
+                                 if t is not None)
+        if self.shared_pool is not None:
+            self.planned_bytes += self.shared_pool.bytes_bound(range(2, cfg.max_n + 1), vocab_size)
 
     def _tables(self) -> tuple:
         return (self.shared_pool, self.history, self.successors, self.row_rates[False], self.row_rates[True],
@@ -117,6 +124,7 @@ class ReplicaKnowledge:
         """The tables' sizes, memory and rates (for /health)."""
         pool, succ, hist = self.shared_pool, self.successors, self.history
         return {
+            "planned_bytes": self.planned_bytes,  # what the tables can grow to, counted in the memory plan
             "shared_pool": None if pool is None else {"ngrams": len(pool), "max_keys": pool.max_keys, "cap": pool.cap},
             "text": None if hist is None else {"tokens": min(hist.written, hist.capacity), "capacity": hist.capacity,
                                                "index_entries": len(hist), "bytes": hist.nbytes},

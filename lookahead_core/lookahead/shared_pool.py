@@ -1,7 +1,8 @@
 """The replica's shared n-gram pool: text of finished requests, offered as candidates to later ones."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Sequence
 
 from lookahead_core.lookahead.ngram_pool import NGramPool
 
@@ -26,6 +27,20 @@ class SharedNGramPool:
 
     def __len__(self) -> int:
         return sum(len(p) for p in list(self._pools.values()))  # one copy: `track` may add a pool meanwhile
+
+    def bytes_bound(self, sizes: Iterable[int], vocab_size: int) -> int:
+        """The most this pool's Python objects can take with n-gram `sizes` tracked: every key
+        (at most `max_keys`, at most the vocabulary) holding `cap` continuations of tokens that
+        share no objects, sized on this interpreter."""
+        keys = min(self.max_keys, vocab_size)
+        token = sys.getsizeof(1 << 20)  # token ids above the interpreter's cached small ints
+        index = sys.getsizeof(dict.fromkeys(range(keys))) + 8 * keys  # the table and its key order
+        conts = sys.getsizeof(dict.fromkeys(range(self.cap)))
+        total = 0
+        for n in sizes:
+            continuation = sys.getsizeof(tuple(range(n - 1))) + (n - 1) * token
+            total += index + keys * (token + conts + self.cap * continuation)
+        return total
 
     def track(self, n: int) -> None:
         """Start keeping n-grams of size n; requests finished before this are not in it."""

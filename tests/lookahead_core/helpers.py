@@ -25,7 +25,7 @@ NO_EOS = {"eos_token_id": None}
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, **generate_kwargs) -> list[int]:
     """`model.generate` greedy; pass **NO_EOS to decode to the length limit (an explicit None
     eos_token_id overrides the model's generation config)."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     out = model.generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0, **generate_kwargs
     )
@@ -43,7 +43,7 @@ def min_top2_margin(model, prompt: list[int], continuation: list[int]) -> float:
     Below ~1e-4 in float32 the argmax is a tie within rounding, and any change in the order of
     floating-point sums (another prefill split, another batch shape) may flip it.
     """
-    seq = torch.tensor([prompt + continuation])
+    seq = torch.tensor([prompt + continuation], device=model.device)
     with torch.no_grad():
         logits = model(seq).logits[0, len(prompt) - 1 : len(prompt) + len(continuation) - 1]
     top2 = logits.topk(2, dim=-1).values
@@ -63,6 +63,17 @@ def well_conditioned_cases(model, count: int, vocab: int, seed: int, max_new_tok
             break
     assert len(cases) == count and skipped <= count // 4, f"too many near-tie prompts: {skipped}"
     return cases
+
+
+def run_to_end(engine, requests) -> dict:
+    """Add `requests` to `engine` and step it until none is left: {request id: tokens}."""
+    out = {r.request_id: [] for r in requests}
+    for r in requests:
+        engine.add_request(r)
+    while engine.has_work():
+        for o in engine.step():
+            out[o.seq_id] += o.tokens
+    return out
 
 
 def req(request_id, prompt, max_new_tokens: int, params=None, eos=(), **kwargs) -> EngineRequest:

@@ -85,11 +85,30 @@ def test_history_tokens_one_is_refused_by_the_config():
 
 def test_without_a_kv_budget_the_slots_must_fit_free_memory(model):
     config = EngineConfig(max_batch=4)  # max_seq_len: the model's context, 1024
-    need = Engine(model, config, free_bytes=2**40).kv_plan.total_bytes
+    plan = Engine(model, config, free_bytes=2**40).kv_plan
+    need = plan.total_bytes + plan.learned_bytes  # on the CPU the learned tables share the free memory
     with pytest.raises(ValueError, match=r"without an engine\.kv_cache_memory budget .*max_batch=4 .*"
-                                         r"is free; set engine\.kv_cache_memory .*engine\.max_seq_len"):
+                                         r"is free after .* MiB of learned tables; set engine\.kv_cache_memory "
+                                         r".*engine\.max_seq_len"):
         Engine(model, config, free_bytes=need - 1)
     assert Engine(model, config, free_bytes=need).kv_plan.slots == 4
+
+
+def test_the_learned_tables_come_out_of_free_memory_before_the_kv(model):
+    """History ring and index, successor table and the shared pool's bound: counted in the plan,
+    so a fraction of free memory is a fraction of what they leave."""
+    small = EngineConfig(max_batch=64, max_seq_len=64, kv_cache_memory=0.5, history_tokens=0, shared_pool_cap=0)
+    big = small.model_copy(update={"history_tokens": 2**20, "shared_pool_cap": 8})
+    per_slot = Engine(model, small, free_bytes=2**40).kv_plan.bytes_per_slot
+    learned = Engine(model, big, free_bytes=2**40).kv_plan.learned_bytes
+    assert learned > 2**20 * 8 * 3  # the ring and one hash table per match length, 16 bytes a slot
+    free = learned + 40 * per_slot
+    assert Engine(model, small, free_bytes=free).kv_plan.slots > Engine(model, big, free_bytes=free).kv_plan.slots
+    assert Engine(model, big, free_bytes=free).kv_plan.slots == 20 - 1  # half of the 40 left, less the prefixes
+    assert "learned tables up to" in Engine(model, big, free_bytes=free).kv_plan.describe()
+    with pytest.raises(ValueError, match=r"learned tables can grow to .* MiB but .* MiB is free; lower "
+                                         r"engine\.history_tokens, engine\.shared_pool_keys"):
+        Engine(model, big, free_bytes=learned)
 
 
 def test_successor_topk_above_the_vocabulary_is_refused_at_init(model):

@@ -8,7 +8,7 @@ from lookahead_core.lookahead.knowledge import ReplicaKnowledge
 from lookahead_core.lookahead.tree import Source
 
 V = 64
-ON = SimpleNamespace(shared_pool_cap=4, shared_pool_keys=64, shared_pool_text=64, history_tokens=256,
+ON = SimpleNamespace(shared_pool_cap=4, max_n=4, shared_pool_keys=64, shared_pool_text=64, history_tokens=256,
                      successor_topk=2, max_successors=8)
 OFF = SimpleNamespace(**{**vars(ON), "shared_pool_cap": 0, "history_tokens": 0, "successor_topk": 0})
 
@@ -111,3 +111,11 @@ def test_the_history_gets_the_tail_the_pool_gets():
     k = ReplicaKnowledge(SimpleNamespace(**{**vars(ON), "shared_pool_text": 6}), V)
     k.add_finished_text(list(range(2, 30)))
     assert k.history.written == 6 + 1  # the text's last 6 tokens and a gap
+
+
+def test_planned_bytes_count_every_table_and_the_pool_at_its_bound():
+    on, off = ReplicaKnowledge(ON, V), ReplicaKnowledge(OFF, V)
+    arrays = on.history.nbytes + on.successors.nbytes + sum(r.nbytes for r in on.row_rates.values())
+    assert on.planned_bytes == arrays + on.shared_pool.bytes_bound(range(2, ON.max_n + 1), V)
+    assert off.planned_bytes == sum(r.nbytes for r in off.row_rates.values())
+    assert on.status()["planned_bytes"] == on.planned_bytes

@@ -20,7 +20,7 @@ from lookahead_core.lookahead.sampling import position_uniform, sample, sample_r
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.lookahead.tree import CandidateTree
 from lookahead_core.models.random_models import build_random_model
-from tests.lookahead_core.helpers import req
+from tests.lookahead_core.helpers import req, run_to_end
 
 V = 8
 PROMPT = [5]
@@ -298,16 +298,6 @@ def test_a_tiny_temperature_is_the_greedy_limit_not_nan():
         assert sample_rows(logits, SamplingParams(t), [0.999]) == [1]
 
 
-def _run(engine, requests):
-    out = {r.request_id: [] for r in requests}
-    for r in requests:
-        engine.add_request(r)
-    while engine.has_work():
-        for o in engine.step():
-            out[o.seq_id] += o.tokens
-    return out
-
-
 def test_a_seed_fixes_the_tokens_whatever_the_lookahead_the_batch_or_the_candidates(model):
     """Output position p draws with u(seed, p), so the tokens of a seeded request do not depend on
     its (N, W, G), on plain or paced steps, on its batch, or on what the shared pool offers."""
@@ -319,14 +309,14 @@ def test_a_seed_fixes_the_tokens_whatever_the_lookahead_the_batch_or_the_candida
                         sampling=s).tokens == plain
     seeds = [42, 7, 42, 9]
     lookaheads = [LookaheadParams(3, 2, 3), "auto", "off", LookaheadParams(4, 3, 3, adapt=False)]
-    batch = _run(Engine(model, EngineConfig(max_batch=4, max_new_tokens=32)),
+    batch = run_to_end(Engine(model, EngineConfig(max_batch=4, max_new_tokens=32)),
                  [EngineRequest(i, tuple(prompt), StopCondition(24), la, SamplingParams(0.9, top_k=6, seed=seed))
                   for i, (seed, la) in enumerate(zip(seeds, lookaheads))])
     assert batch[0] == batch[2] == plain and batch[1] != plain
     polluted = Engine(model, EngineConfig(max_batch=2, max_new_tokens=32))
     polluted.knowledge.shared_pool.track(3)
     polluted.knowledge.shared_pool.add_text(np.random.default_rng(0).integers(0, V, 3000).tolist())
-    assert _run(polluted, [req("p", prompt, 24, LookaheadParams(3, 2, 3), sampling=s)])["p"] == plain
+    assert run_to_end(polluted, [req("p", prompt, 24, LookaheadParams(3, 2, 3), sampling=s)])["p"] == plain
     unseeded = [generate(model, torch.tensor([prompt]), max_new_tokens=24, eos_token_id=[],
                          sampling=SamplingParams(0.9)).tokens for _ in range(3)]
     assert len({tuple(u) for u in unseeded}) > 1

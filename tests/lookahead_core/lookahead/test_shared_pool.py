@@ -65,3 +65,29 @@ def test_a_full_pool_evicts_its_oldest_keys_first_text_after_text():
         shared.fill(2, k, cands, g=1)
         kept += [k] if cands else []
     assert kept == list(range(950, 1000)) and len(shared) == 50
+
+
+def test_a_full_pool_stays_within_its_bound():
+    """The memory plan counts `bytes_bound`: fill every key to its cap with texts that share no
+    token objects and measure what the pool holds."""
+    import random
+    import tracemalloc
+
+    vocab, sizes = 5000, (2, 3, 5)
+    shared = SharedNGramPool(cap=4, max_keys=256, tail=4096)
+    for n in sizes:
+        shared.track(n)
+    bound = shared.bytes_bound(sizes, vocab)
+    rng = random.Random(0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(4):
+            shared.add_text([rng.randrange(300, 300 + 256) for _ in range(4096)])  # 256 keys, no cached ints
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(shared) == len(sizes) * 256 * 4  # every key at its cap
+    assert 0.3 * bound < held <= bound
+    # the vocabulary bounds the keys
+    assert shared.bytes_bound(sizes, 16) < shared.bytes_bound(sizes, vocab)

@@ -1,8 +1,8 @@
 """HTTP ingress: /generate, /health, /v1/models, /v1/completions, /v1/chat/completions.
 
-Routes only: bodies are validated into one ServeRequest (protocol.py), sent to a replica, and its
-Delta / Completion / RequestError items shaped into responses. Every error, on every route, is
-OpenAI's envelope: {"error": {"message", "type", "param", "code"}}.
+Routes only: bodies are validated into one ServeRequest (request_bodies.py), sent to a replica, and
+its Delta / Completion / RequestError items shaped into responses (response_bodies.py, streaming.py).
+Every error, on every route, is OpenAI's envelope: {"error": {"message", "type", "param", "code"}}.
 """
 
 import asyncio
@@ -23,22 +23,13 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException
 
 from lookahead_core.engine.config import EngineConfig
-from lookahead_core.serving import Completion, Delta, RequestError, RequestLimits, ServeRequest, Usage, sse
+from lookahead_core.serving import Completion, Delta, RequestError, RequestLimits, ServeRequest
 
 from .guard import GuardConfig, RequestGuard
-from .protocol import (
-    OPENAI_FINISH,
-    ChatRequest,
-    CompletionRequest,
-    GenerateRequest,
-    error_body,
-    generate_body,
-    openai_body,
-    openai_chunk,
-    openai_usage_chunk,
-    total_usage,
-    usage,
-)
+from .openapi_schema import served_schema
+from .request_bodies import ChatRequest, CompletionRequest, GenerateRequest
+from .response_bodies import error_body, generate_body, openai_body
+from .streaming import closing, generate_events, openai_events
 
 # /openapi.json and /docs are LookaheadAPI's own routes: the schema needs the model's vocabulary.
 app = FastAPI(title="lookahead-serve", description="Exact Lookahead Decoding on Ray Serve", openapi_url=None)
@@ -61,11 +52,6 @@ def error_response(err: RequestError, headers: Mapping[str, str] | None = None) 
     if err.status == 503:
         headers = {**(headers or {}), "Retry-After": "1"}
     return JSONResponse(status_code=err.status, content={"error": error_body(err)}, headers=headers)
-
-
-def stream_error(err: RequestError) -> bytes:
-    """An error after a streamed 200 has begun: the same envelope, plus the status it would have had."""
-    return sse.encode({"error": {**error_body(err), "status": err.status}})
 
 
 @app.exception_handler(RequestError)
@@ -95,16 +81,6 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return error_response(RequestError(exc.status_code, str(exc.detail)), exc.headers)  # e.g. 405's Allow
 
 
-async def _closing(events: AsyncIterator[bytes], items) -> AsyncIterator[bytes]:
-    """Stream `events`; however the response ends (done, client gone), close `items` at once,
-    which cancels the replica's generator and so frees the engine slot."""
-    try:
-        async for event in events:
-            yield event
-    finally:
-        await items.aclose()
-
-
 async def _completions(items, n: int = 1) -> list[Completion]:
     """Drain a generation to its n Completions; raises its RequestError."""
     done: list[Completion] = []
@@ -119,95 +95,6 @@ async def _completions(items, n: int = 1) -> list[Completion]:
     finally:
         await items.aclose()
     raise NO_RESULT
-
-
-async def generate_events(items) -> AsyncIterator[bytes]:
-    """/generate's SSE: {"token_ids", "text"} per step, then the completion with "done": true."""
-    async for item in items:
-        if isinstance(item, RequestError):
-            yield stream_error(item)
-            return
-        yield sse.encode(item.to_dict() if isinstance(item, Delta) else generate_body(item, stream=True))
-    yield sse.DONE_EVENT
-
-
-async def openai_events(items, head: dict, chat: bool, include_usage: bool, n: int = 1,
-                        continuous_usage: bool = False) -> AsyncIterator[bytes]:
-    """SSE chunks as OpenAI streams them, each naming its choice; with include_usage every chunk
-    has `usage: null` (with continuous_usage: the usage so far) and a last chunk with no choices
-    carries the usage of all choices."""
-    so_far: dict[int, Usage] = {}
-
-    def event(chunk: dict) -> bytes:
-        if continuous_usage and so_far:
-            return sse.encode({**chunk, "usage": usage(total_usage(list(so_far.values())))})
-        return sse.encode({**chunk, "usage": None} if include_usage else chunk)
-
-    if chat:
-        for i in range(n):
-            yield event(openai_chunk(head, chat, role=True, index=i))
-    done: list[Completion] = []
-    offsets = [0] * n  # characters of each choice's logprob tokens so far, for text_offset
-    async for item in items:
-        if isinstance(item, RequestError):
-            yield stream_error(item)
-            return
-        if item.usage is not None:
-            so_far[item.index] = item.usage
-        if isinstance(item, Completion):
-            done.append(item)
-            yield event(openai_chunk(head, chat, finish=OPENAI_FINISH[item.finish_reason], index=item.index))
-        elif item.text or item.logprobs:
-            yield event(openai_chunk(head, chat, text=item.text, index=item.index, logprobs=item.logprobs,
-                                     offset=offsets[item.index]))
-            offsets[item.index] += sum(len(lp.token) for lp in item.logprobs or ())
-    if include_usage and done:
-        yield sse.encode(openai_usage_chunk(head, chat, total_usage([c.usage for c in done])))
-    yield sse.DONE_EVENT
-
-
-def _cap_token_ids(schema, vocab_size: int) -> None:
-    """Every token-id item (an integer >= 0 inside `items`) gets the vocabulary's last id as maximum."""
-    if isinstance(schema, list):
-        for s in schema:
-            _cap_token_ids(s, vocab_size)
-    elif isinstance(schema, dict):
-        items = schema.get("items")
-        if isinstance(items, dict) and items.get("type") == "integer" and items.get("minimum") == 0:
-            items["maximum"] = vocab_size - 1
-        for value in schema.values():
-            _cap_token_ids(value, vocab_size)
-
-
-def served_schema(schema: dict, model_name: str, vocab_size: int, engine: EngineConfig, limits: RequestLimits) -> dict:
-    """The OpenAPI schema with this server's own limits, so that a body valid by the schema is one
-    it serves: the one `model` id the OpenAI routes accept (any other is a 404), token ids within
-    the vocabulary, the engine's token budget and largest (N, W, G), and the stop strings
-    RequestLimits allows."""
-    bodies = schema.get("components", {}).get("schemas", {})
-    n, chars = limits.max_stop_strings, limits.max_stop_chars
-    stop_string = {"type": "string", "minLength": 1, "maxLength": chars}
-    stop_list = {"type": "array", "items": stop_string, "maxItems": n}
-    for name, body in bodies.items():
-        props = body.get("properties", {})
-        for budget in ("max_new_tokens", "max_tokens", "max_completion_tokens"):
-            if budget in props:
-                props[budget]["maximum"] = engine.max_new_tokens  # binds only numbers, so beside a null branch too
-        for branch in props.get("lookahead", {}).get("anyOf", ()):
-            for key, limit in (("n", engine.max_n), ("w", engine.max_w), ("g", engine.max_g)):
-                if key in branch.get("properties", {}):
-                    branch["properties"][key]["maximum"] = limit
-        if name == "GenerateRequest":
-            props["stop"] = {**props["stop"], **stop_list}
-        elif "stop" in props:  # OpenAI's: a string, a list of them, or null (a string is one stop string)
-            props["stop"] = {"anyOf": [stop_string, stop_list, {"type": "null"}] if n else [stop_list, {"type": "null"}],
-                             "title": "Stop"}
-        for prompt in ("prompt", "input_ids"):
-            _cap_token_ids(props.get(prompt), vocab_size)
-        if "model" in props:
-            props["model"] = {"anyOf": [{"type": "string", "enum": [model_name]}, {"type": "null"}],
-                              "title": "Model", "description": "the served model id (GET /v1/models)"}
-    return schema
 
 
 # The ingress only awaits I/O: it asks Ray for no CPU, so the model replica can have every core.
@@ -306,7 +193,7 @@ class LookaheadAPI:
     async def generate(self, req: GenerateRequest):
         items = await self._open(req.to_request())
         if req.stream:
-            return StreamingResponse(_closing(generate_events(items), items), media_type="text/event-stream")
+            return StreamingResponse(closing(generate_events(items), items), media_type="text/event-stream")
         return generate_body((await _completions(items))[0])
 
     # ---- OpenAI-compatible ------------------------------------------------------------------
@@ -320,7 +207,7 @@ class LookaheadAPI:
                 "model": self.model_name}
         if req.stream:
             events = openai_events(items, head, chat, req.include_usage, req.n, req.continuous_usage)
-            return StreamingResponse(_closing(events, items), media_type="text/event-stream")
+            return StreamingResponse(closing(events, items), media_type="text/event-stream")
         return openai_body(head, await _completions(items, req.n), chat)
 
     @app.post("/v1/completions")

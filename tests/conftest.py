@@ -83,10 +83,10 @@ torch.set_num_threads(2)
 # modules need no marks; `compile` (an inductor compile) is marked on the few tests that compile.
 TESTS = Path(__file__).resolve().parent
 # Modules under tests/deployments/ and tests/loadtests/ that start no Ray (config, schema, guard,
-# protocol and policy arithmetic; SLO, shape, report and stream-parsing helpers): they stay in the fast tier.
+# request and response bodies, policy arithmetic; SLO, shape, report and stream-parsing helpers): they stay in the fast tier.
 NO_RAY = {
     "deployments/test_autoscaling.py", "deployments/test_configs.py", "deployments/test_core_plan.py", "deployments/test_guard.py",
-    "deployments/test_kuberay.py", "deployments/test_protocol.py",
+    "deployments/test_kuberay.py", "deployments/test_request_bodies.py", "deployments/test_response_bodies.py",
     "loadtests/test_client.py", "loadtests/test_guidellm_summary.py", "loadtests/test_shapes.py", "loadtests/test_slo.py",
     "loadtests/test_soak.py",
 }

@@ -2,6 +2,7 @@
 (`generate`/`stream` run it with one request)."""
 from lookahead_core.engine.async_engine import AsyncEngine, RequestTimeout
 from lookahead_core.engine.config import EngineConfig
-from lookahead_core.engine.engine import Engine, EngineOverloaded, StepOutput
+from lookahead_core.engine.engine import Engine, EngineOverloaded
+from lookahead_core.engine.verification import StepOutput
 
 __all__ = ["AsyncEngine", "Engine", "EngineConfig", "EngineOverloaded", "RequestTimeout", "StepOutput"]

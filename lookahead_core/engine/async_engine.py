@@ -8,8 +8,9 @@ from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from lookahead_core.engine.engine import Engine, StepOutput
+from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.verification import StepOutput
 from lookahead_core.lookahead.stopping import FinishReason
 
 log = logging.getLogger(__name__)

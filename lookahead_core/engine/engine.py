@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -12,18 +11,17 @@ from lookahead_core.engine.compiled_forward import Bucket, CompiledForward
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.kv_budget import KVPlan, free_memory, plan_kv
 from lookahead_core.engine.kv_cache import BatchKVCache
-from lookahead_core.engine.logprobs import TokenLogprob, token_logprobs
 from lookahead_core.engine.model_runner import ModelRunner
 from lookahead_core.engine.planner import StepPlanner
+from lookahead_core.engine.prefill import Prefiller
 from lookahead_core.engine.prefix_cache import PrefixCache
 from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.scheduler import Scheduler, SlotMove
-from lookahead_core.engine.sequence import Row, Sequence, SequenceStats
+from lookahead_core.engine.sequence import Sequence
 from lookahead_core.engine.step_buffers import BatchStepBuffers
+from lookahead_core.engine.verification import StepOutput, verify
 from lookahead_core.lookahead.knowledge import ReplicaKnowledge
-from lookahead_core.lookahead.pacing import StepKind
 from lookahead_core.lookahead.params import LookaheadParams
-from lookahead_core.lookahead.sampling import SamplingParams, sample_rows
 from lookahead_core.lookahead.stopping import FinishReason
 
 log = logging.getLogger(__name__)
@@ -31,22 +29,6 @@ log = logging.getLogger(__name__)
 
 class EngineOverloaded(RuntimeError):
     """The waiting queue is full."""
-
-
-@dataclass
-class StepOutput:
-    """One request's share of a step: the tokens it accepted, what kind of row it ran and how
-    wide; on its last output the finish reason and the request's `SequenceStats`."""
-
-    seq_id: str | int
-    tokens: list[int]
-    finish_reason: FinishReason | None = None
-    kind: StepKind | None = None
-    width: int = 0
-    stats: SequenceStats | None = None
-    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output; the first token has none
-    sources: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # tree rows by `Source`: (proposed, accepted)
 
 
 class Engine:
@@ -89,13 +71,12 @@ class Engine:
         self.scheduler = Scheduler(slots, chunk)
         self.planner = StepPlanner(r.costs, slots, cfg.slo_tpot_ms)
         self.prefixes = PrefixCache(cfg.prefix_cache_tokens) if cfg.prefix_cache_tokens else None
-        self._prefill_mask = torch.zeros((1, 1, chunk, capacity), dtype=r.dtype, device=r.device)
-        self._causal = torch.full((chunk, chunk), torch.finfo(r.dtype).min, dtype=r.dtype, device=r.device).triu_(1)
+        self.prefiller = Prefiller(r, self.cache, self.buffers, self.scheduler, self.knowledge, self.prefixes,
+                                   cfg.successor_prefill)
         self._max_position = (ctx or np.iinfo(np.int64).max) - 1
         self._seqs: dict[str | int, Sequence] = {}
         self._finished_early: list[StepOutput] = []
         self.forward_s = 0.0  # decode forwards
-        self.prefill_s = 0.0
         self.step_s = 0.0  # whole steps, prefill included
         self.steps = 0  # lifetime counters, for health and leak checks
         self.aborted = 0
@@ -123,6 +104,11 @@ class Engine:
         else:
             cf.compile_in_background(buckets)
         return cf
+
+    @property
+    def prefill_s(self) -> float:
+        """Seconds in prefill forwards."""
+        return self.prefiller.seconds
 
     def compile_status(self) -> list[dict]:
         """The compiled decode buckets: shape, ready or not, compile seconds, steps run, and what the
@@ -229,14 +215,7 @@ class Engine:
         t0 = time.perf_counter()
         outputs, self._finished_early = self._finished_early, []
         self._retire()
-        # Admit while the next prompt needs no prefill forward (one token, or a stored prefix);
-        # at most one chunk runs.
-        while (job := self.scheduler.next_prefill()) is not None:
-            if job[1] == 0 and self._reuse_prefix(job[0]):
-                continue
-            self._prefill(*job)
-            if job[2] > 0:
-                break
+        self.prefiller.run()
         if self.scheduler.running:
             outputs.extend(self._decode())
             self._retire()
@@ -245,46 +224,6 @@ class Engine:
         if self.compiled is not None:
             self.compiled.busy, self.compiled.beat = self.has_work(), self.steps
         return outputs
-
-    def _prefill(self, seq: Sequence, start: int, n: int) -> None:
-        slot = seq.slot
-        assert slot is not None  # the scheduler admitted it into a slot
-        t0 = time.perf_counter()
-        if n > 0:
-            ids = torch.tensor([seq.tokens[start : start + n]], dtype=torch.long, device=self.runner.device)
-            m = self._prefill_mask[0, 0]
-            m[:n, start : start + n].copy_(self._causal[:n, :n])
-            self.cache.prepare_slot(slot, start, n)
-            top = seq.prompt_logprobs
-            succ = self.knowledge.successors if self.config.successor_prefill else None
-            logits = self.runner.prefill(ids, start, self.cache, self._prefill_mask[:, :, :n, : start + n],
-                                         all_logits=top is not None or succ is not None)
-            if succ is not None:  # the prompt's own tokens get the successors the model gives them here
-                self.knowledge.observe_prefill(ids[0].cpu().numpy(), logits[0].topk(succ.k, dim=-1).indices.cpu().numpy())
-            m[:n, start : start + n].zero_()
-            if top is not None and seq.prompt_lp is not None:  # row i predicts prompt token start + i + 1
-                seq.prompt_lp += token_logprobs(logits[0], range(n), seq.tokens[start + 1 : start + n + 1], top)
-        self.prefill_s += time.perf_counter() - t0
-        self._prefilled(seq, slot, start + n, n)
-
-    def _reuse_prefix(self, seq: Sequence) -> bool:
-        """Copy the longest stored prefix of a newly admitted prompt into its slot; True if any.
-        Not for requests that want the prompt's logprobs (a copied prefix has no logits)."""
-        if self.prefixes is None or seq.prompt_logprobs is not None or self.config.successor_prefill:
-            return False
-        assert seq.slot is not None  # admitted into a slot
-        reused = self.prefixes.load(seq.tokens[: seq.prompt_len - 1], self.cache, seq.slot)
-        if reused:
-            self._prefilled(seq, seq.slot, reused, reused)
-        return reused > 0
-
-    def _prefilled(self, seq: Sequence, slot: int, length: int, tokens: int) -> None:
-        """`tokens` more of the prompt are in the slot, `length` in all; a prompt now whole starts decoding."""
-        self.cache.lengths[slot] = length
-        if self.scheduler.prefill_done(tokens) is not None:
-            self.buffers.reset_slot(slot, length)
-            if self.prefixes is not None and length == seq.prompt_len - 1:
-                self.prefixes.store(seq.tokens[:length], self.cache, slot)
 
     def _decode(self) -> list[StepOutput]:
         sched = self.scheduler
@@ -323,54 +262,7 @@ class Engine:
         if succ is not None:
             know.observe_forward(buf.ids, tokens, widths)
 
-        drawn = self._draw(running, rows, logits)
-        outputs: list[StepOutput] = []
-        slots: list[int] = []
-        src: list[int] = []
-        dst: list[int] = []
-        for b, (seq, row) in enumerate(zip(running, rows)):
-            accepted_rows, accepted = seq.accept(pred[b], row, drawn.get(b))
-            start = lengths[b]
-            if accepted_rows:  # the accepted candidate's rows move right behind the last token
-                slots.extend([b] * len(accepted_rows))
-                src.extend(start + r for r in accepted_rows)
-                dst.extend(range(start + 1, start + 1 + len(accepted_rows)))
-            lengths[b] = start + len(accepted)
-            out = StepOutput(seq.seq_id, accepted, seq.finish_reason, row.choice.kind, row.width,
-                             seq.stats if seq.finished else None, sources=seq.step_sources)
-            if seq.logprobs is not None:
-                out.logprobs = token_logprobs(logits[b], [0, *accepted_rows], accepted, seq.logprobs)
-            if seq.prompt_lp is not None:
-                out.prompt_logprobs, seq.prompt_lp = seq.prompt_lp, None
-            outputs.append(out)
-        if slots:
-            cache.move_entries(slots, src, dst)
-        return outputs
-
-    @staticmethod
-    def _draw(running: list[Sequence], rows: list[Row], logits: torch.Tensor) -> dict[int, dict[int, int]]:
-        """Sampled requests' tokens along their walks: {batch row: {step row: token}}. Level by
-        level, each request's next row is drawn for all of them at once per sampling setting (one
-        transfer each); a row is drawn only once the walk reaches it, as plain sampling would."""
-        sampled = [b for b, seq in enumerate(running) if seq.sampled]
-        drawn: dict[int, dict[int, int]] = {b: {} for b in sampled}
-        todo = [(b, 0, running[b].first_draw()) for b in sampled]
-        while todo:
-            groups: dict[SamplingParams, list[tuple[int, int, float]]] = {}
-            for b, at, u in todo:  # one group per warp (`Sequence.sampling` holds no seed)
-                warp = running[b].sampling
-                assert warp is not None
-                groups.setdefault(warp, []).append((b, at, u))
-            todo = []
-            for params, members in groups.items():
-                index_b = torch.tensor([b for b, _, _ in members], device=logits.device)
-                index_t = torch.tensor([at for _, at, _ in members], device=logits.device)
-                tokens = sample_rows(logits[index_b, index_t], params, [u for _, _, u in members])
-                for (b, at, _), token in zip(members, tokens):
-                    drawn[b][at] = token
-                    if (nxt := running[b].next_draw(rows[b], at, token)) is not None:
-                        todo.append((b, *nxt))
-        return drawn
+        return verify(running, rows, pred, logits, cache)
 
     def _retire(self) -> None:
         done, moves = self.scheduler.retire()

@@ -4,62 +4,25 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 import torch
 
 from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.sequence_stats import SequenceStats
 from lookahead_core.lookahead.knowledge import ROW_DEPTHS, ReplicaKnowledge
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.ngram_pool import NGramPool
 from lookahead_core.lookahead.pacing import Menu, StepChoice, StepKind, StepPacer, step_menu
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.row_rates import RowRates
-from lookahead_core.lookahead.sampling import new_seed, position_uniform
+from lookahead_core.lookahead.sampling import new_seed
 from lookahead_core.lookahead.stopping import FinishReason
 from lookahead_core.lookahead.suffix_index import SuffixIndex
-from lookahead_core.lookahead.tree import SOURCE_NAMES, CandidateTree, Source
+from lookahead_core.lookahead.tree import CandidateTree, Source
 from lookahead_core.lookahead.window import LookaheadWindow
-
-
-@dataclass
-class SequenceStats:
-    """What one request ran: steps of each kind, rows fed to the model and tokens accepted."""
-
-    prompt_tokens: int
-    new_tokens: int = 0
-    steps: int = 0
-    rows: int = 0  # step rows fed to the model (its own row width, summed over steps)
-    steps_by_kind: dict[str, int] = field(default_factory=dict)
-    accepted_histogram: dict[int, int] = field(default_factory=dict)
-    proposed: dict[str, int] = field(default_factory=dict)  # tree rows each source put in the steps that ran
-    accepted_from: dict[str, int] = field(default_factory=dict)  # accepted tree rows, by source
-
-    @property
-    def compression(self) -> float:
-        """New tokens per decode step (1.0 for plain decoding)."""
-        return self.new_tokens / self.steps if self.steps else 0.0
-
-    @property
-    def mean_width(self) -> float:
-        return self.rows / self.steps if self.steps else 0.0
-
-    def record(self, kind: StepKind, width: int, accepted: int) -> None:
-        self.steps += 1
-        self.rows += width
-        self.new_tokens += accepted
-        name = kind.name.lower()
-        self.steps_by_kind[name] = self.steps_by_kind.get(name, 0) + 1
-        self.accepted_histogram[accepted] = self.accepted_histogram.get(accepted, 0) + 1
-
-    def record_sources(self, proposed: Seq[int], accepted: Seq[int]) -> None:
-        """Tree rows each source (by `Source` value) put in a step that ran, and how many were accepted."""
-        for counts, by_source in ((self.proposed, proposed), (self.accepted_from, accepted)):
-            for src, count in enumerate(by_source):
-                if count:
-                    counts[SOURCE_NAMES[src]] = counts.get(SOURCE_NAMES[src], 0) + count
 
 
 @dataclass(frozen=True)
@@ -272,29 +235,10 @@ class Sequence:
         np.add.at(self._node_proposed, proposed, 1.0)
         np.add.at(self._node_accepted, np.asarray(accepted, dtype=np.int64), 1.0)
 
-    def next_draw(self, row: Row, at: int, token: int) -> tuple[int, float] | None:
-        """A sampled request's walk, one drawn token at a time: given `token` drawn at step row
-        `at` (0 first: the last token's row), the step row whose token the walk needs next (the
-        tree child holding `token`) and its uniform, from its output position; None where the
-        walk ends. Rows off the walk are never drawn, so a rejected candidate costs no sampling."""
-        assert self.seed is not None, "next_draw() is for sampled requests, which all have a seed"
-        tree = self.tree
-        node = 0 if at == 0 else at - row.cand_start + 1
-        child = tree.child(node, token)
-        if child is None:
-            return None
-        produced = len(self.tokens) - self.prompt_len
-        return row.cand_start + child - 1, position_uniform(self.seed, produced + int(tree.depth[child - 1]))
-
-    def first_draw(self) -> float:
-        """The uniform of a sampled request's first token this step (step row 0)."""
-        assert self.seed is not None, "first_draw() is for sampled requests, which all have a seed"
-        return position_uniform(self.seed, len(self.tokens) - self.prompt_len)
-
     def accept(self, pred: Seq[int], row: Row, drawn: Mapping[int, int] | None = None) -> tuple[list[int], list[int]]:
         """Verify against the step's outputs (`pred`: argmax per row; `drawn`: for a sampled
-        request, the token drawn at each step row of its walk, from `next_draw`); returns (step
-        rows of the accepted candidate tokens, the new tokens after stop rules)."""
+        request, the token drawn at each step row of its walk, from `verification.draw_walks`);
+        returns (step rows of the accepted candidate tokens, the new tokens after stop rules)."""
         lay, tree, start, choice = self.layout, self.tree, row.cand_start, row.choice
         if drawn is not None:  # the walk follows the drawn tokens; it never reaches a row not drawn
             walk = [-1] * (start + tree.size)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from deployments.protocol import GenerateRequest
+from deployments.request_bodies import GenerateRequest
 from loadtests.client import (
     REQUEST_KINDS,
     Outcome,

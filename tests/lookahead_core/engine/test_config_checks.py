@@ -64,7 +64,7 @@ def test_prefill_chunk_is_bounded():
 
 def test_prefill_chunk_longer_than_a_sequence_allocates_only_max_seq_len(model):
     engine = Engine(model, EngineConfig(max_batch=1, max_seq_len=64, max_new_tokens=8, prefill_chunk=4096))
-    assert engine._causal.shape == (64, 64) and engine._prefill_mask.shape[2] == 64
+    assert engine.prefiller._causal.shape == (64, 64) and engine.prefiller._mask.shape[2] == 64
     assert engine.scheduler.prefill_chunk == 64
     engine.add_request(req(0, list(range(2, 30)), 4))
     out = []

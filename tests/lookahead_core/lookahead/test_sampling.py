@@ -8,7 +8,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from lookahead_core import LookaheadParams, SamplingParams, generate
-from lookahead_core.engine import engine as engine_module
+from lookahead_core.engine import verification
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.planner import StepPlanner
@@ -249,7 +249,7 @@ def test_a_step_draws_only_the_rows_its_walk_reaches(model, monkeypatch):
 
     s = SamplingParams(1.0, seed=3)
     plain = generate(model, torch.tensor([[5, 0, 1, 5]]), max_new_tokens=40, eos_token_id=[], sampling=s).tokens
-    monkeypatch.setattr(engine_module, "sample_rows", counting)
+    monkeypatch.setattr(verification, "sample_rows", counting)
     engine = Engine(model, EngineConfig(max_batch=1, max_new_tokens=48, max_n=N, max_w=2, max_g=G))
     engine.add_request(req(0, [5, 0, 1, 5], 40, LookaheadParams(N, 2, G, adapt=False), sampling=s))
     engine._seqs[0].pool.add_sequence(POOL_SEED * 3)

@@ -1,0 +1,79 @@
+"""Prompts into their KV slots: a stored prefix copied in, the rest one chunk per forward."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from lookahead_core.engine.kv_cache import BatchKVCache
+from lookahead_core.engine.logprobs import token_logprobs
+from lookahead_core.engine.model_runner import ModelRunner
+from lookahead_core.engine.prefix_cache import PrefixCache
+from lookahead_core.engine.scheduler import Scheduler
+from lookahead_core.engine.sequence import Sequence
+from lookahead_core.engine.step_buffers import BatchStepBuffers
+from lookahead_core.lookahead.knowledge import ReplicaKnowledge
+
+
+class Prefiller:
+    """Runs the scheduler's prefill jobs on the engine's KV cache; a prompt prefilled whole is
+    stored in the prefix cache (`prefixes`, None: off)."""
+
+    def __init__(self, runner: ModelRunner, cache: BatchKVCache, buffers: BatchStepBuffers, scheduler: Scheduler,
+                 knowledge: ReplicaKnowledge, prefixes: PrefixCache | None, successor_prefill: bool) -> None:
+        self.runner, self.cache, self.buffers, self.scheduler = runner, cache, buffers, scheduler
+        self.knowledge, self.prefixes, self.successor_prefill = knowledge, prefixes, successor_prefill
+        chunk, capacity, dtype, device = scheduler.prefill_chunk, cache.capacity, runner.dtype, runner.device
+        self._mask = torch.zeros((1, 1, chunk, capacity), dtype=dtype, device=device)
+        self._causal = torch.full((chunk, chunk), torch.finfo(dtype).min, dtype=dtype, device=device).triu_(1)
+        self.seconds = 0.0  # prefill forwards
+
+    def run(self) -> None:
+        # Admit while the next prompt needs no prefill forward (one token, or a stored prefix);
+        # at most one chunk runs.
+        while (job := self.scheduler.next_prefill()) is not None:
+            if job[1] == 0 and self._reuse_prefix(job[0]):
+                continue
+            self._prefill(*job)
+            if job[2] > 0:
+                break
+
+    def _prefill(self, seq: Sequence, start: int, n: int) -> None:
+        slot = seq.slot
+        assert slot is not None  # the scheduler admitted it into a slot
+        t0 = time.perf_counter()
+        if n > 0:
+            ids = torch.tensor([seq.tokens[start : start + n]], dtype=torch.long, device=self.runner.device)
+            m = self._mask[0, 0]
+            m[:n, start : start + n].copy_(self._causal[:n, :n])
+            self.cache.prepare_slot(slot, start, n)
+            top = seq.prompt_logprobs
+            succ = self.knowledge.successors if self.successor_prefill else None
+            logits = self.runner.prefill(ids, start, self.cache, self._mask[:, :, :n, : start + n],
+                                         all_logits=top is not None or succ is not None)
+            if succ is not None:  # the prompt's own tokens get the successors the model gives them here
+                self.knowledge.observe_prefill(ids[0].cpu().numpy(), logits[0].topk(succ.k, dim=-1).indices.cpu().numpy())
+            m[:n, start : start + n].zero_()
+            if top is not None and seq.prompt_lp is not None:  # row i predicts prompt token start + i + 1
+                seq.prompt_lp += token_logprobs(logits[0], range(n), seq.tokens[start + 1 : start + n + 1], top)
+        self.seconds += time.perf_counter() - t0
+        self._prefilled(seq, slot, start + n, n)
+
+    def _reuse_prefix(self, seq: Sequence) -> bool:
+        """Copy the longest stored prefix of a newly admitted prompt into its slot; True if any.
+        Not for requests that want the prompt's logprobs (a copied prefix has no logits)."""
+        if self.prefixes is None or seq.prompt_logprobs is not None or self.successor_prefill:
+            return False
+        assert seq.slot is not None  # admitted into a slot
+        reused = self.prefixes.load(seq.tokens[: seq.prompt_len - 1], self.cache, seq.slot)
+        if reused:
+            self._prefilled(seq, seq.slot, reused, reused)
+        return reused > 0
+
+    def _prefilled(self, seq: Sequence, slot: int, length: int, tokens: int) -> None:
+        """`tokens` more of the prompt are in the slot, `length` in all; a prompt now whole starts decoding."""
+        self.cache.lengths[slot] = length
+        if self.scheduler.prefill_done(tokens) is not None:
+            self.buffers.reset_slot(slot, length)
+            if self.prefixes is not None and length == seq.prompt_len - 1:
+                self.prefixes.store(seq.tokens[:length], self.cache, slot)

@@ -258,7 +258,7 @@ class Engine:
             top = seq.prompt_logprobs
             succ = self.knowledge.successors if self.config.successor_prefill else None
             logits = self.runner.prefill(ids, start, self.cache, self._prefill_mask[:, :, :n, : start + n],
-                                         all_logits=top is not None or succ is not None)
+                                         all_logits=top is not None or succ is not None, compiled=self.compiled)
             if succ is not None:  # the prompt's own tokens get the successors the model gives them here
                 self.knowledge.observe_prefill(ids[0].cpu().numpy(), logits[0].topk(succ.k, dim=-1).indices.cpu().numpy())
             m[:n, start : start + n].zero_()

@@ -81,9 +81,6 @@ class _BucketLayer(CacheLayerMixin):
         # [Bb, H, Tb, D] -> [Bb, Tb, H, D]: row r, step token t lands at (rows[r], :, cols[r, t]).
         self.keys[o.rows, :, o.cols] = key_states.transpose(1, 2)
         self.values[o.rows, :, o.cols] = value_states.transpose(1, 2)
-        if o.batch == 1:  # any one slot (a prompt chunk prefilled beside running sequences): gather its keys
-            slot = o.rows[:, 0]
-            return self.keys[:, :, : o.kv].index_select(0, slot), self.values[:, :, : o.kv].index_select(0, slot)
         return self.keys[: o.batch, :, : o.kv], self.values[: o.batch, :, : o.kv]
 
     def get_seq_length(self) -> int:
@@ -187,7 +184,6 @@ class _Staging:
         self.mask = torch.full((b, 1, t, k), self.min, dtype=dtype, device=device)
         self.mask[..., 0] = 0.0  # padding queries see column 0
         self.used = (0, 0, 0)  # (rows, width, kv_len) of real data in the buffers
-        self.slot = 0  # the slot of row 0
         if static:  # CUDA graphs: fixed addresses, no copy into the graph's inputs (never with freezing)
             for t_ in (self.ids, self.pos, self.cols, self.rows, self.mask):
                 torch._dynamo.mark_static_address(t_)
@@ -211,10 +207,8 @@ class _Staging:
             m[..., 0] = 0.0
 
     def stage(self, ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor | None, start: int | None,
-              mask: torch.Tensor, arange: torch.Tensor, slot: int = 0) -> None:
+              mask: torch.Tensor, arange: torch.Tensor) -> None:
         rows, width = ids.shape
-        if slot != self.slot:  # only a batch-1 bucket serves a slot other than its row
-            self.rows[0, 0] = self.slot = slot
         kv_len = mask.shape[-1]
         r0, w0, k0 = self.used
         # Padding back where the last step's real data is not overwritten by this one's; in steady
@@ -380,15 +374,14 @@ class CompiledForward:
             picks.append(sizes[i])
         return Bucket(*picks)
 
-    def ready_bucket_for(self, rows: int, width: int, kv_len: int, one_slot: bool = False) -> Bucket | None:
+    def ready_bucket_for(self, rows: int, width: int, kv_len: int) -> Bucket | None:
         """The cheapest compiled bucket that holds the step (fewest padded rows x width x keys), or
         None. Batch, width and keys are not rounded up apart: with buckets (1, 1), (8, 1) and
-        (32, 16), a step (4, 3) runs in (32, 16), never in an uncompiled (8, 4). `one_slot`: a
-        slot other than 0, which only batch-1 buckets read."""
+        (32, 16), a step (4, 3) runs in (32, 16), never in an uncompiled (8, 4)."""
         if kv_len > self.scratch:  # the scratch column must stay outside every real write
             return None
         held = [b for b in list(self.ready)  # one copy: the compile thread adds to it
-                if b.batch >= rows and b.width >= width and b.kv >= kv_len and (b.batch == 1 or not one_slot)]
+                if b.batch >= rows and b.width >= width and b.kv >= kv_len]
         return min(held, key=lambda b: (b.batch * b.width * b.kv, b.batch), default=None)
 
     def _kv_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -519,20 +512,17 @@ class CompiledForward:
         rows [0, B), mask [B, 1, T, kv_len] with kv_len = cache.kv_len."""
         rows, width = input_ids.shape
         lo, hi = cache.rows
-        # rows [0, B) are slots [0, B); a batch-1 bucket reads any one slot (a prompt chunk)
-        ours = cache is self.cache and (lo == 0 and hi == rows or rows == 1)
+        ours = lo == 0 and hi == rows and cache is self.cache
         kv_len = mask.shape[-1]
         bucket = None if not ours else self.bucket_for(rows, width, kv_len) if self.lazy else \
-            self.ready_bucket_for(rows, width, kv_len, one_slot=lo > 0)
-        if bucket is not None and lo > 0 and bucket.batch != 1:
-            bucket = None
+            self.ready_bucket_for(rows, width, kv_len)
         if bucket is not None and bucket.batch > rows and max(cache.lengths[rows : bucket.batch]) > self.scratch:
             bucket = None  # a padding row's slot holds a token in the scratch column
         if bucket is None:
             return self.eager(input_ids, position_ids, mask, cache)
         st = self._stage_for(bucket)
         if cache.write_start is not None:
-            st.stage(input_ids, position_ids, None, cache.write_start, mask, self._arange, slot=lo)
+            st.stage(input_ids, position_ids, None, cache.write_start, mask, self._arange)
         else:
             st.stage(input_ids, position_ids, cache.write_index, None, mask, self._arange)
         try:

@@ -215,7 +215,7 @@ class Engine:
         t0 = time.perf_counter()
         outputs, self._finished_early = self._finished_early, []
         self._retire()
-        self.prefiller.run(self.compiled)
+        self.prefiller.run()
         if self.scheduler.running:
             outputs.extend(self._decode())
             self._retire()

@@ -75,17 +75,12 @@ class ModelRunner:
             )
 
     def prefill(self, input_ids: torch.Tensor, start: int, cache, mask: torch.Tensor | None = None,
-                all_logits: bool = False, compiled: CompiledForward | None = None) -> torch.Tensor:
+                all_logits: bool = False) -> torch.Tensor:
         """Write the keys of `input_ids` [B, T] at positions start.. into the cache. Unless
         `all_logits` (prompt logprobs), only the last row's logits are computed. Without `mask` the
-        model applies its causal mask. A chunk of one sequence that a ready batch-1 bucket of
-        `compiled` holds runs there (all its logits come back)."""
-        positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
-        if (compiled is not None and mask is not None and input_ids.shape[0] == 1
-                and compiled.ready_bucket_for(1, input_ids.shape[1], mask.shape[-1], one_slot=True) is not None):
-            logits = compiled.forward(input_ids, positions, mask, cache)[1]
-            return logits if all_logits else logits[:, -1:]
+        model applies its causal mask."""
         kwargs = {"logits_to_keep": 0 if all_logits else 1} if self._takes_logits_to_keep else {}
+        positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
         out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
                          use_cache=True, **kwargs)
         return out.logits

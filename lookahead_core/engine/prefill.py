@@ -5,7 +5,6 @@ import time
 
 import torch
 
-from lookahead_core.engine.compiled_forward import CompiledForward
 from lookahead_core.engine.kv_cache import BatchKVCache
 from lookahead_core.engine.logprobs import token_logprobs
 from lookahead_core.engine.model_runner import ModelRunner
@@ -29,17 +28,17 @@ class Prefiller:
         self._causal = torch.full((chunk, chunk), torch.finfo(dtype).min, dtype=dtype, device=device).triu_(1)
         self.seconds = 0.0  # prefill forwards
 
-    def run(self, compiled: CompiledForward | None) -> None:
-        """Admit while the next prompt needs no prefill forward (one token, or a stored prefix);
-        at most one chunk runs, in a ready batch-1 bucket of `compiled` where one holds it."""
+    def run(self) -> None:
+        # Admit while the next prompt needs no prefill forward (one token, or a stored prefix);
+        # at most one chunk runs.
         while (job := self.scheduler.next_prefill()) is not None:
             if job[1] == 0 and self._reuse_prefix(job[0]):
                 continue
-            self._prefill(*job, compiled)
+            self._prefill(*job)
             if job[2] > 0:
                 break
 
-    def _prefill(self, seq: Sequence, start: int, n: int, compiled: CompiledForward | None) -> None:
+    def _prefill(self, seq: Sequence, start: int, n: int) -> None:
         slot = seq.slot
         assert slot is not None  # the scheduler admitted it into a slot
         t0 = time.perf_counter()
@@ -51,7 +50,7 @@ class Prefiller:
             top = seq.prompt_logprobs
             succ = self.knowledge.successors if self.successor_prefill else None
             logits = self.runner.prefill(ids, start, self.cache, self._mask[:, :, :n, : start + n],
-                                         all_logits=top is not None or succ is not None, compiled=compiled)
+                                         all_logits=top is not None or succ is not None)
             if succ is not None:  # the prompt's own tokens get the successors the model gives them here
                 self.knowledge.observe_prefill(ids[0].cpu().numpy(), logits[0].topk(succ.k, dim=-1).indices.cpu().numpy())
             m[:n, start : start + n].zero_()

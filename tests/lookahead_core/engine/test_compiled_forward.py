@@ -14,7 +14,6 @@ from lookahead_core.engine.compiled_forward import Bucket, CompiledForward, Comp
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.kv_cache import BatchKVCache
-from lookahead_core.engine.model_runner import ModelRunner
 from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import StopCondition
@@ -112,39 +111,6 @@ def test_a_model_of_the_same_shapes_gets_graphs_of_its_own(model):
         assert cf.compile_seconds(), "each instance compiles its own graph"
         torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
         assert pred == ref_pred
-
-
-@pytest.mark.compile
-def test_a_prompt_chunk_runs_in_a_batch_one_bucket_in_any_slot(model):
-    """Prefill beside running sequences: a chunk for slot 2 (slots 0, 1 and 3 hold other text)
-    runs in the (1, 16) bucket, writes only slot 2's columns and gives the eager logits; then a
-    decode step of slot 0 runs in the same graph again."""
-    eager_cache, cache = _prefilled(model), _prefilled(model)
-    runner = ModelRunner(model)
-    cf = CompiledForward(model, cache, batch_buckets=(1,), width_buckets=(16,), kv_buckets=(48,), lazy=False)
-    cf.warmup([Bucket(1, 16, 48)])
-    start, n, slot = PREFILLED[2], 11, 2
-    ids = torch.randint(2, 256, (1, n), generator=torch.Generator().manual_seed(7))
-    mask = torch.zeros((1, 1, n, start + n))
-    mask[0, 0, :, start:] = torch.full((n, n), MIN).triu_(1)
-    out = []
-    with torch.inference_mode():
-        for c, f in ((eager_cache, None), (cache, cf)):
-            c.prepare_slot(slot, start, n)
-            out.append(runner.prefill(ids, start, c, mask, all_logits=True, compiled=f).clone())
-    assert cf.calls == 1 and cf.eager_calls == 0 and out[1].shape == (1, n, 256)
-    torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-4)
-    for le, lc in zip(eager_cache.layers, cache.layers):
-        for te, tc in ((le.keys, lc.keys), (le.values, lc.values)):
-            torch.testing.assert_close(tc[:, :, : CAP - 1], te[:, :, : CAP - 1], rtol=1e-5, atol=1e-5)
-    assert not torch.equal(cache.layers[0].keys[slot, :, start : start + n], _prefilled(model).layers[0].keys[slot, :, start : start + n])
-    with torch.inference_mode():  # last logits only, unless asked for all
-        cache.prepare_slot(slot, start, n)
-        assert runner.prefill(ids, start, cache, mask, compiled=cf).shape == (1, 1, 256)
-    ref_pred, ref_logits = _run(cf.eager, eager_cache, 1, 1, 5)
-    pred, logits = _run(cf.forward, cache, 1, 1, 5)  # slot 0 again, in the same graph
-    assert pred == ref_pred and cf.calls == 3
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
 
 
 def test_a_step_runs_in_the_cheapest_ready_bucket_that_holds_it(model):

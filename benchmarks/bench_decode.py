@@ -32,7 +32,7 @@ from transformers import StaticCache
 
 from lookahead_core import LookaheadParams, ModelRunner, SamplingParams, generate
 from lookahead_core.cli.prompt_sets import read_prompt_set
-from lookahead_core.engine.compiled_forward import inductor_options
+from lookahead_core.engine.compile_setup import inductor_options
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.generation import GenerationStats

@@ -7,7 +7,8 @@ import time
 import numpy as np
 import torch
 
-from lookahead_core.engine.compiled_forward import Bucket, CompiledForward
+from lookahead_core.engine.bucket_staging import Bucket
+from lookahead_core.engine.compiled_forward import CompiledForward
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.kv_budget import KVPlan, free_memory, plan_kv
 from lookahead_core.engine.kv_cache import BatchKVCache

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lookahead_core.engine.compiled_forward import Bucket, CompiledForward
+from lookahead_core.engine.bucket_staging import Bucket
+from lookahead_core.engine.compiled_forward import CompiledForward
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.params import LookaheadParams

@@ -10,7 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lookahead_core.engine.compiled_forward import Bucket, CompiledForward, CompileThrottle
+from lookahead_core.engine.bucket_staging import Bucket
+from lookahead_core.engine.compile_setup import CompileThrottle
+from lookahead_core.engine.compiled_forward import CompiledForward
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.kv_cache import BatchKVCache
@@ -94,7 +96,7 @@ def test_compiled_forward_matches_eager_in_two_buckets(model):
         if bucket in seen:
             assert frames["ok"] == before, f"bucket {bucket} recompiled"
         seen.add(bucket)
-    assert set(cf.compile_seconds()) == {Bucket(4, 8, CAP), Bucket(1, 1, 32)}
+    assert cf.ready == {Bucket(4, 8, CAP), Bucket(1, 1, 32)}  # compiled on their first steps (lazy)
     assert cf.calls == 5 and cf.eager_calls == 5  # the reference runs went through cf.eager
 
 
@@ -108,7 +110,7 @@ def test_a_model_of_the_same_shapes_gets_graphs_of_its_own(model):
         cf = CompiledForward(m, cache, batch_buckets=(1,), width_buckets=(1,), kv_buckets=(32,))
         ref_pred, ref_logits = _run(cf.eager, eager_cache, 1, 1, 5)
         pred, logits = _run(cf.forward, cache, 1, 1, 5)
-        assert cf.compile_seconds(), "each instance compiles its own graph"
+        assert cf.ready == {Bucket(1, 1, 32)}, "each instance compiles its own graph"
         torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
         assert pred == ref_pred
 
@@ -190,7 +192,7 @@ def test_eager_attention_keeps_its_path_while_another_thread_compiles():
     engine thread's eager attention must not read it as "this forward is traced"."""
     from transformers.integrations import sdpa_attention
 
-    from lookahead_core.engine.compiled_forward import install_sdpa_gqa
+    from lookahead_core.engine.compile_setup import install_sdpa_gqa
 
     install_sdpa_gqa()
     key = torch.zeros(1, 3, 4, 8)

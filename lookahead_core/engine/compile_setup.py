@@ -1,0 +1,133 @@
+"""Process-wide settings and helpers around inductor compiles of the decode step: its options,
+SDPA's grouped-query path in traces, quiet autotuning, recompile limits, and the throttle that
+keeps a background compile from starving the engine thread."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import inspect
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+from torch._inductor import select_algorithm
+from transformers.integrations import sdpa_attention
+
+
+def install_sdpa_gqa() -> None:
+    """Grouped-query attention inside SDPA (`enable_gqa`) in compiled graphs, rather than `repeat_kv`,
+    which copies the attended keys and values once per query head group in every layer.
+    transformers decides per call in `use_gqa_in_sdpa` (on CPU: only without a mask); the CPU
+    kernels take a mask with `enable_gqa`. The decision is replaced once, process-wide, by one that
+    says yes while dynamo traces and defers to transformers otherwise.
+
+    "While dynamo traces" is `is_dynamo_compiling` (folded to True in a trace, False in eager), not
+    `is_compiling`, which in torch 2.13 is one process-wide flag held for a whole compile: with
+    it, eager steps on the engine thread took the compiled arithmetic while a bucket compiled in
+    the background. transformers' attention reads that flag too (its one-query `pack_gqa`), so
+    its module gets the per-trace test as well: eager forwards keep transformers' own arithmetic
+    on any thread, during a background compile too."""
+    if getattr(sdpa_attention.use_gqa_in_sdpa, "_lookahead_gqa", False):
+        return
+    original = sdpa_attention.use_gqa_in_sdpa
+
+    def use_gqa(attention_mask, key, value):  # CUDA's fused kernels refuse enable_gqa with a mask
+        return (torch.compiler.is_dynamo_compiling() and key.device.type == "cpu") or original(attention_mask, key, value)
+
+    use_gqa._lookahead_gqa = True  # type: ignore[attr-defined]
+    sdpa_attention.use_gqa_in_sdpa = use_gqa
+    sdpa_attention.is_torchdynamo_compiling = torch.compiler.is_dynamo_compiling  # type: ignore[attr-defined]
+
+
+def quiet_autotune() -> None:
+    """Inductor prints every GEMM's autotuning table to stderr (about a hundred lines a bucket);
+    the compile logs one line per bucket instead. Process-wide, as inductor's switch is."""
+    select_algorithm.PRINT_AUTOTUNE = False
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc's `malloc_trim`): a compile frees much of
+    what it allocated and glibc keeps freed pages resident (SmolLM2 in float32, bucket (1, 1):
+    1,796 MB resident after its compile without this, 1,612 MB with it)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def inductor_options(cuda: bool, gemm_autotune: bool = True) -> dict:
+    """Inductor settings for a decode graph, set around its compile. On CPU: freezing (weights
+    folded into constants and packed once) and, with `gemm_autotune`, every linear layer timed at
+    its own shape between inductor's C++ micro-GEMM template and the packed MKL kernel
+    (`max_autotune`, backends CPP and ATEN): on a 2-core AVX2 EPYC, MKL took 1.5x its one-row time
+    for two rows and the template 1.06x. On CUDA: nothing (CUDA graphs come from the mode)."""
+    if cuda:
+        return {}
+    options: dict = {"freezing": True}
+    if gemm_autotune:
+        # the choices' stats go to stderr per GEMM otherwise (quiet_autotune silences the tables)
+        options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN", max_autotune_report_choices_stats=False)
+    return options
+
+
+class CompileThrottle:
+    """`sys.settrace` hook for a background compile thread: while `owner.busy` (the engine has
+    requests) the thread runs `share` of the time, in turns of `slice_s`, and sleeps at a Python
+    call in between; 0 makes it wait until the engine is idle.
+
+    Compiling is Python and holds the GIL; each op of an eager step beside it waits up to the
+    switch interval for it (a forward beside a busy Python thread: 24x slower at the default 5 ms,
+    still 2.4-3.8x at 1-100 us on 2 cores), so it must yield; but a replica that is never idle
+    still gets its compiled steps. An engine that stops stepping (`owner.beat` unchanged for 1 s)
+    may wait on a lock this thread holds (logging, an import): then the compile runs on until the
+    engine steps again.
+    """
+
+    def __init__(self, owner, share: float, slice_s: float = 0.05) -> None:
+        self.owner, self.slice_s = owner, slice_s
+        self.rest_s = slice_s * (1 - share) / share if share > 0 else float("inf")
+        self.turn_start = 0.0
+        self.stuck = -1
+
+    def __call__(self, frame, event, arg) -> None:
+        owner = self.owner
+        if not owner.busy or owner.beat == self.stuck:
+            return
+        now = time.monotonic()
+        if now - self.turn_start < self.slice_s:
+            return
+        last, since, until = owner.beat, now, now + self.rest_s
+        while owner.busy and time.monotonic() < until:
+            time.sleep(0.002)
+            if owner.beat != last:
+                last, since = owner.beat, time.monotonic()
+            elif time.monotonic() - since > 1.0:
+                self.stuck = last
+                break
+        self.turn_start = time.monotonic()
+
+
+def recompile_limit(graphs: int) -> dict:
+    """torch.compile's keywords that let one function hold `graphs` graphs: its own limit where
+    torch takes one (2.13), else the process-wide limit raised to it."""
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        return {"isolate_recompiles": True, "recompile_limit": graphs}
+    dynamo = torch._dynamo.config
+    dynamo.recompile_limit = max(dynamo.recompile_limit, graphs)
+    dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * graphs)
+    return {}
+
+
+def start_throttled(name: str, work: Callable[[], None], throttle: CompileThrottle) -> threading.Thread:
+    """Run `work` on a daemon thread at the lowest priority, paced by `throttle`."""
+
+    def run() -> None:
+        with contextlib.suppress(OSError, AttributeError):  # the compiler's subprocesses too
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        sys.settrace(throttle)  # this thread only
+        work()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread

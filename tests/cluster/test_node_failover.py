@@ -35,8 +35,9 @@ def test_only_requests_in_flight_on_the_lost_node_fail_with_a_clear_error(failov
     assert failover["failed"] <= failover["in_flight_at_removal"] - 1
     assert failover["failed_in_flight_at_removal"] == failover["failed"]
     assert failover["errors"] == ([REPLICA_LOST.message] if failover["failed"] else [])
-    assert failover["client_timeouts"] == 0
-    assert failover["failure_latency_s"]["p100"] < 30  # an error, not a hang
+    assert failover["client_timeouts"] == 0  # none hung, failed or not
+    if failover["failed"]:  # with none failed there is no failure latency (p100 None)
+        assert failover["failure_latency_s"]["p100"] < 30  # an error, not a hang
 
 
 def test_new_requests_succeed_on_the_remaining_replica(failover):

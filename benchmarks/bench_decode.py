@@ -189,14 +189,10 @@ class Bench:
     """Runs the configurations on one prompt and keeps their tallies."""
 
     def __init__(self, model, configs: list[Config], max_new: int, sampling: SamplingParams | None,
-                 max_prompt_len: int = 0, engine: EngineConfig | None = None, gemm_autotune: bool = True,
-                 row_price: float | None = None) -> None:
+                 max_prompt_len: int = 0, engine: EngineConfig | None = None, gemm_autotune: bool = True) -> None:
         self.model, self.runner = model, ModelRunner(model)
         # with an engine config, our configurations share one long-lived engine (as a replica does)
         self.engine = Engine(self.runner, engine) if engine is not None else None
-        if row_price is not None:  # as if rows cost this on any machine: tokens per step, not speed
-            assert self.engine is not None, "a pinned row price needs the long-lived engine (--engine-compile)"
-            self.engine.planner.row_price = lambda requests: row_price  # type: ignore[method-assign]
         self.configs, self.max_new, self.sampling = configs, max_new, sampling
         self.tallies = {c.name: Tally() for c in configs}
         self.runs = 0
@@ -292,6 +288,7 @@ def report_rows(bench: Bench, greedy: bool, fp32_ref: bool) -> list[dict]:
             # tokens/s ratio: equal to the time ratio for greedy, fair when sampled lengths differ
             "speedup_vs_hf": (t.tokens / sum(t.seconds)) / base_rate,
             "host_overhead": (1 - t.forward_s / t.decode_s) if t.decode_s else None,
+            "host_ms_per_step": 1000 * (t.decode_s - t.forward_s) / t.steps if t.decode_s and t.steps else None,
             "identical": f"{t.same}/{t.runs}" if greedy else "n/a",
             "median_first_diff": statistics.median(t.first_diff) if greedy and t.first_diff else None,
             "identical_fp32": f"{t.same_fp32}/{t.runs}" if greedy and fp32_ref else None,
@@ -306,14 +303,16 @@ def report_rows(bench: Bench, greedy: bool, fp32_ref: bool) -> list[dict]:
 
 def print_table(rows: list[dict], title: str) -> None:
     print(title)
-    print(f"{'config':<18}{'median s':>9}{'tok/s':>8}{'compr.':>7}{'vs HF':>8}{'host':>7}{'same':>9}{'1st diff':>9}"
+    print(f"{'config':<18}{'median s':>9}{'tok/s':>8}{'compr.':>7}{'vs HF':>8}{'host':>7}{'host ms':>8}{'same':>9}"
+          f"{'1st diff':>9}"
           f"{'same fp32':>10}{'dist-4':>7}")
     for r in rows:
         ovh = "-" if r["host_overhead"] is None else f"{100 * r['host_overhead']:.0f}%"
+        host_ms = "-" if r["host_ms_per_step"] is None else f"{r['host_ms_per_step']:.2f}"
         fd = "-" if r["median_first_diff"] is None else f"{r['median_first_diff']:.0f}"
         comp = "-" if r["compression"] is None else f"{r['compression']:.2f}"
         print(f"{r['config']:<18}{r['median_s']:>9.3f}{r['tokens_per_s']:>8.1f}{comp:>7}"
-              f"{r['speedup_vs_hf']:>7.2f}x{ovh:>7}{r['identical']:>9}{fd:>9}{r['identical_fp32'] or '-':>10}"
+              f"{r['speedup_vs_hf']:>7.2f}x{ovh:>7}{host_ms:>8}{r['identical']:>9}{fd:>9}{r['identical_fp32'] or '-':>10}"
               f"{r['distinct4']:>7.2f}")
     for r in rows:
         if r["mean_width"] is not None and r["steps_by_kind"] != {"plain": sum(r["steps_by_kind"].values())}:
@@ -389,12 +388,13 @@ def main(argv: list[str] | None = None) -> dict:
             compile=args.engine_compile,
             compile_buckets=[tuple(int(x) for x in b.split("x")) for b in args.compile_buckets.split(",")],
             compile_kv=[int(k) for k in args.compile_kv.split(",")], compile_autotune=args.compile_autotune == "on",
+            row_price=args.row_price,  # as if rows cost this on any machine: tokens per step, not speed
             **({} if args.successor_prefill is None else {"successor_prefill": args.successor_prefill == "on"}))
     t_engine = time.perf_counter()
     if args.row_price is not None and engine_config is None:
         ap.error("--row-price needs --engine-compile (on or off): it pins the long-lived engine's planner")
     bench = Bench(model, configs, args.max_new_tokens, sampling, max(len(p) for p in prompts), engine_config,
-                  args.compile_autotune == "on", args.row_price)
+                  args.compile_autotune == "on")
     engine_compile_s = time.perf_counter() - t_engine
     compile_s = {name: peer.warm_up(prompts[0]) for name, peer in bench.compiled.items()}
     compiles = dict(torch._dynamo.utils.counters["frames"]).get("ok", 0)

@@ -6,7 +6,6 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from typing import Literal
 
 import torch
 from ray import serve
@@ -14,10 +13,9 @@ from ray.serve import metrics
 
 from lookahead_core.engine.async_engine import AsyncEngine
 from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.generation import warm_up
 from lookahead_core.engine.kv_budget import free_memory
 from lookahead_core.engine.model_runner import ModelRunner
-from lookahead_core.engine.request import EngineRequest
-from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.loading import cpu_capability, dtype_reason, load_model
 from lookahead_core.serving import Completion, Delta, RequestError, RequestProcessor, ServeRequest
 from lookahead_core.serving.outputs import REPLICA_TEXT_SOURCES
@@ -69,18 +67,10 @@ class LookaheadModel:
         self._metrics()
 
     def _warm_up(self, tokenizer) -> float:
-        """A fresh process's first forwards are slow (SmolLM2 on one CPU thread: a first request's
-        TTFT 4 s, then 0.2 s): pay them here, before Serve sends this replica any request."""
+        """A fresh process's first forwards are many times slower than the next: pay them here,
+        before Serve sends this replica any request."""
         start = time.time()
-        prompt = tuple(tokenizer("The quick brown fox jumps over the lazy dog.")["input_ids"])
-        modes: tuple[Literal["off", "auto"], ...] = ("off", "auto")
-        for i, lookahead in enumerate(modes):
-            self.engine.add_request(EngineRequest(f"warm-up-{i}", prompt, StopCondition(4), lookahead))
-            while self.engine.has_work():
-                self.engine.step()
-        self.engine.knowledge.clear()  # the warm-up text, and what its steps taught, is no one's
-        if self.engine.prefixes is not None:
-            self.engine.prefixes.clear()
+        warm_up(self.engine, tokenizer("The quick brown fox jumps over the lazy dog.")["input_ids"])
         return time.time() - start
 
     def _metrics(self) -> None:

@@ -58,6 +58,9 @@ class EngineConfig(BaseModel):
     lookahead: LookaheadParams = Field(LookaheadParams(), description="(N, W, G) of requests that ask for lookahead \"auto\"")
     slo_tpot_ms: float | None = Field(
         None, gt=0, description="time per output token a step may not exceed by widening: a cap on step width")
+    row_price: float | None = Field(
+        None, ge=0, description="pin the price of one more step row, in one-token steps, instead of measuring it: "
+                                "tokens per step then do not depend on the machine (benchmarks of acceptance)")
     cost_prior_slope: float = Field(
         0.05, ge=0, description="before forwards are measured, a step of w tokens is priced 1 + slope x (w - 1) one-token steps")
     shared_pool_cap: int = Field(

@@ -20,7 +20,9 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.scheduler import Scheduler, SlotMove
 from lookahead_core.engine.sequence import Sequence
 from lookahead_core.engine.step_buffers import BatchStepBuffers
-from lookahead_core.engine.verification import StepOutput, verify
+from lookahead_core.engine.step_plan import StepPlan
+from lookahead_core.engine.verification import StepOutput, update
+from lookahead_core.lookahead.drafter import plain_span
 from lookahead_core.lookahead.knowledge import ReplicaKnowledge
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import FinishReason
@@ -70,7 +72,7 @@ class Engine:
         self.buffers = BatchStepBuffers(slots, cfg.max_step_tokens, capacity, r.dtype, r.device)
         chunk = min(cfg.prefill_chunk, self.max_seq_len)  # a prompt is shorter: its masks need no more rows
         self.scheduler = Scheduler(slots, chunk)
-        self.planner = StepPlanner(r.costs, slots, cfg.slo_tpot_ms)
+        self.planner = StepPlanner(r.costs, slots, cfg.slo_tpot_ms, cfg.row_price)
         self.prefixes = PrefixCache(cfg.prefix_cache_tokens) if cfg.prefix_cache_tokens else None
         self.prefiller = Prefiller(r, self.cache, self.buffers, self.scheduler, self.knowledge, self.prefixes,
                                    cfg.successor_prefill)
@@ -152,7 +154,7 @@ class Engine:
         sched = self.scheduler
         if len(sched.waiting) >= self.config.max_waiting + max(sched.free_slots(), 0):
             raise EngineOverloaded(f"{len(sched.waiting)} requests are already waiting for a slot")
-        seq = Sequence(req, params, self.runner.layout, self.knowledge)
+        seq = Sequence.of(req, params, self.runner.layout, self.knowledge)
         self._seqs[req.request_id] = seq
         sched.add(seq)
         if self.compiled is not None:
@@ -213,12 +215,15 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
+        """Schedule (retire, admit, one prefill chunk), plan, execute one decode forward, update."""
         t0 = time.perf_counter()
         outputs, self._finished_early = self._finished_early, []
         self._retire()
         self.prefiller.run()
         if self.scheduler.running:
-            outputs.extend(self._decode())
+            plan = self._plan()
+            pred, logits = self._execute(plan)
+            outputs.extend(update(plan, pred, logits, self.cache))
             self._retire()
         self.steps += 1
         self.step_s += time.perf_counter() - t0
@@ -226,29 +231,40 @@ class Engine:
             self.compiled.busy, self.compiled.beat = self.has_work(), self.steps
         return outputs
 
-    def _decode(self) -> list[StepOutput]:
-        sched = self.scheduler
-        running = sched.running
-        buf, cache, lengths = self.buffers, self.cache, self.cache.lengths
-        batch = len(running)
+    def _plan(self) -> StepPlan:
+        """Each running request drafts at the planner's row price, the planner picks each kind,
+        and each request writes its span of the step's tokens."""
+        sched, ids = self.scheduler, self.buffers.ids
+        running = list(sched.running)
         waiting = len(sched.waiting) + (sched.prefilling is not None)
-        price = self.planner.row_price(batch + waiting)
-        choices = self.planner.plan([seq.offer(price) for seq in running], waiting)
-        rows = [seq.plan(buf.ids[b], choice) for b, (seq, choice) in enumerate(zip(running, choices))]
-        widths = [row.width for row in rows]
-        width = max(widths)
-        for b, (seq, row) in enumerate(zip(running, rows)):
-            n, start = row.width, lengths[b]
+        price = self.planner.row_price(len(running) + waiting)
+        drafts = [seq.drafter.draft(seq.tokens, price) if seq.drafter is not None else None for seq in running]
+        choices = self.planner.plan(drafts, price, waiting)
+        spans = []
+        for b, (seq, draft, choice) in enumerate(zip(running, drafts, choices)):
+            if seq.drafter is None or draft is None:
+                ids[b, 0] = seq.tokens[-1]
+                spans.append(plain_span(seq.layout))
+            else:
+                spans.append(seq.drafter.write(ids[b], draft, choice, seq.tokens[-1]))
+        return StepPlan(running, drafts, spans, max(span.width for span in spans))
+
+    def _execute(self, plan: StepPlan) -> tuple[list[list[int]], torch.Tensor]:
+        """The plan's positions and masks into the step buffers, one decode forward; returns the
+        argmax of every step row and the logits."""
+        buf, cache, lengths = self.buffers, self.cache, self.cache.lengths
+        batch, width = plan.batch, plan.width
+        for b, (span, draft) in enumerate(zip(plan.spans, plan.drafts)):
+            n, start = span.width, lengths[b]
             pos = buf.pos[b]
-            np.add(row.offsets[:n], start, out=pos[:n])
+            np.add(span.offsets[:n], start, out=pos[:n])
             pos[n:width] = start
             np.minimum(pos[:width], self._max_position, out=pos[:width])
             buf.ids[b, n:width] = 0
             np.add(buf.arange[:width], start, out=buf.write_index[b, :width])
-            buf.write_block(b, start, row.template[:n, :n], width)
-            tree = seq.tree
-            if tree.size > 1:
-                buf.write_tree(b, row.cand_start, tree.visible[: tree.size, : tree.size])
+            buf.write_block(b, start, span.template[:n, :n], width)
+            if draft is not None and (tree := draft.tree).size > 1:
+                buf.write_tree(b, span.cand_start, tree.visible[: tree.size, : tree.size])
         buf.to_device(batch, width)
         kv_len = max(lengths[:batch]) + width
         cache.prepare_rows(batch, buf.dev[2, :batch, :width], kv_len)
@@ -261,9 +277,8 @@ class Engine:
         self.forward_s += time.perf_counter() - t1
         pred = (tokens[..., 0] if succ is not None else tokens).tolist()
         if succ is not None:
-            know.observe_forward(buf.ids, tokens, widths)
-
-        return verify(running, rows, pred, logits, cache)
+            know.observe_forward(buf.ids, tokens, [span.width for span in plan.spans])
+        return pred, logits
 
     def _retire(self) -> None:
         done, moves = self.scheduler.retire()

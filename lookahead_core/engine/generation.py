@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -108,3 +109,17 @@ def generate(model, input_ids, *, max_new_tokens: int, params: LookaheadParams |
     stats = GenerationStats(**dataclasses.asdict(final.stats), forward_s=engine.forward_s,
                             decode_s=engine.step_s - engine.prefill_s)
     return GenerationResult(tokens=tokens, finish_reason=final.finish_reason, stats=stats)
+
+
+def warm_up(engine: Engine, prompt: Iterable[int], max_new_tokens: int = 4) -> None:
+    """Pay a fresh process's first (slow) forwards with one plain and one lookahead request, then
+    forget their text: the replica's learned tables and stored prompt prefixes are as at start."""
+    prompt = tuple(prompt)
+    modes: tuple[Literal["off", "auto"], ...] = ("off", "auto")
+    for i, lookahead in enumerate(modes):
+        engine.add_request(EngineRequest(f"warm-up-{i}", prompt, StopCondition(max_new_tokens), lookahead))
+        while engine.has_work():
+            engine.step()
+    engine.knowledge.clear()
+    if engine.prefixes is not None:
+        engine.prefixes.clear()

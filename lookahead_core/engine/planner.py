@@ -1,11 +1,40 @@
-"""The one owner of a step's width: each running request offers its menu, one rule picks."""
+"""The one owner of a step's width: the price of a row, each request's menu from its draft, one rule picks."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from lookahead_core.engine.sequence import Offer
+import numpy as np
+
 from lookahead_core.engine.step_costs import StepCosts
-from lookahead_core.lookahead.pacing import StepChoice, StepKind, batch_width, best_option
+from lookahead_core.lookahead.drafter import Draft
+from lookahead_core.lookahead.pacing import Menu, StepChoice, StepKind, StepPacer, batch_width, best_option, step_menu
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A request's menu for this step: one width it takes (plain, or a fixed (N, W, G) whole, with
+    its menu for when the SLO rules that out), or the kinds its `pacer` paces over."""
+
+    width: int
+    menu: Menu | None = None
+    pacer: StepPacer | None = None
+    copied: bool = False
+    full_rows: int | None = None  # the tree rows a whole step keeps
+
+
+def offer(draft: Draft | None, row_price: float) -> Offer:
+    """A draft's menu: a whole step keeps the tree rows accepted at least as often as `row_price`
+    (what one more row costs, in one-token steps); a step without the window keeps the m likeliest
+    rows, for any m, expecting the bonus token plus their chances."""
+    if draft is None:
+        return Offer(1)
+    full_rows = int(np.count_nonzero(draft.odds >= row_price))
+    full = draft.full_start + full_rows
+    verify = [(m + 1, float(e)) for m, e in enumerate(1.0 + np.cumsum(draft.odds))]
+    menu = step_menu(full, verify, draft.full_tokens)
+    return Offer(full if draft.pacer is None else 1, menu, draft.pacer, draft.copied, full_rows)
 
 
 class StepPlanner:
@@ -20,17 +49,23 @@ class StepPlanner:
     width: a step may not widen past it.
     """
 
-    def __init__(self, costs: StepCosts, max_batch: int, slo_tpot_ms: float | None = None) -> None:
+    def __init__(self, costs: StepCosts, max_batch: int, slo_tpot_ms: float | None = None,
+                 row_price: float | None = None) -> None:
         self.costs = costs
         self.max_batch = max_batch
         self.slo_tpot_ms = slo_tpot_ms
+        self.pinned_price = row_price  # as if a row cost this on any machine (tests, benchmarks of tokens per step)
 
     def row_price(self, requests: int) -> float:
-        """The measured price of one more row per request, in one-token steps, at the batch the
-        queue would fill: candidates accepted less often than this do not earn their row."""
+        """The price of one more row per request, in one-token steps, at the batch the queue would
+        fill (measured, unless pinned): candidates accepted less often than this do not earn their row."""
+        if self.pinned_price is not None:
+            return self.pinned_price
         return self.costs.row_price(min(self.max_batch, requests))
 
-    def plan(self, offers: Sequence[Offer], waiting: int = 0) -> list[StepChoice]:
+    def plan(self, drafts: Sequence[Draft | None], row_price: float, waiting: int = 0) -> list[StepChoice]:
+        """Each request's kind and, for a step with a tree, the likeliest tree rows it keeps."""
+        offers = [offer(d, row_price) for d in drafts]
         costs = self.costs
         batch = min(self.max_batch, len(offers) + waiting)
 
@@ -53,7 +88,9 @@ class StepPlanner:
 
         cap = batch_width(menus, ratio, floor, fits_batch if self.slo_tpot_ms else None) if menus else floor
         widen = len(offers) == 1  # alone: a retry may widen the step, nobody else pays for it
-        return [_choice(o, cap, ratio, widen) for o in offers]
+        choices = [_choice(o, cap, ratio, widen) for o in offers]
+        return [dataclasses.replace(c, rows=o.full_rows) if c.kind is StepKind.FULL else c
+                for c, o in zip(choices, offers)]
 
 
 def _tokens_at(offers: Sequence[Offer], width: int) -> float:

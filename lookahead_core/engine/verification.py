@@ -1,5 +1,5 @@
-"""A decode step's outputs into each request's tokens: sampled walks drawn, rows accepted, the
-accepted rows' keys and values moved behind the last token, one `StepOutput` per request."""
+"""A decode step's outputs into each request's verdict and tokens: sampled walks drawn, the accepted
+rows' keys and values moved behind the last token, what the step taught, one `StepOutput` per request."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,11 +8,14 @@ import torch
 
 from lookahead_core.engine.kv_cache import BatchKVCache
 from lookahead_core.engine.logprobs import TokenLogprob, token_logprobs
-from lookahead_core.engine.sequence import Row, Sequence
+from lookahead_core.engine.sequence import Sequence
 from lookahead_core.engine.sequence_stats import SequenceStats
+from lookahead_core.engine.step_plan import StepPlan
+from lookahead_core.lookahead.drafter import Draft, Span
 from lookahead_core.lookahead.pacing import StepKind
 from lookahead_core.lookahead.sampling import SamplingParams, position_uniform, sample_rows
 from lookahead_core.lookahead.stopping import FinishReason
+from lookahead_core.lookahead.verify import verify
 
 
 @dataclass
@@ -31,28 +34,35 @@ class StepOutput:
     sources: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # tree rows by `Source`: (proposed, accepted)
 
 
-def verify(running: list[Sequence], rows: list[Row], pred: list[list[int]], logits: torch.Tensor,
-           cache: BatchKVCache) -> list[StepOutput]:
-    """Each running request accepts its tokens (`pred`: the argmax of every row; sampled requests
-    walk their drawn tokens); its slot's length grows by them."""
+def update(plan: StepPlan, pred: list[list[int]], logits: torch.Tensor, cache: BatchKVCache) -> list[StepOutput]:
+    """Each running request takes its verdict (`pred`: the argmax of every step row; sampled
+    requests walk their drawn tokens): its tokens, figures and slot length grow by it, and its
+    drafter learns from it."""
     lengths = cache.lengths
-    drawn = draw_walks(running, rows, logits)
+    drawn = draw_walks(plan, logits)
     outputs: list[StepOutput] = []
     slots: list[int] = []
     src: list[int] = []
     dst: list[int] = []
-    for b, (seq, row) in enumerate(zip(running, rows)):
-        accepted_rows, accepted = seq.accept(pred[b], row, drawn.get(b))
+    for b, (seq, draft, span) in enumerate(zip(plan.seqs, plan.drafts, plan.spans)):
+        verdict = verify(draft.tree if draft is not None else None, span.cand_start, pred[b], seq.stop, seq.produced, drawn.get(b))
+        seq.tokens.extend(verdict.tokens)
+        seq.finish_reason = verdict.finish_reason
+        if seq.drafter is not None:
+            seq.drafter.learn(span, verdict, pred[b], seq.tokens)
+        seq.stats.record(span.choice.kind, span.width, len(verdict.tokens))
+        if verdict.sources is not None:
+            seq.stats.record_sources(*verdict.sources)
         start = lengths[b]
-        if accepted_rows:  # the accepted candidate's rows move right behind the last token
-            slots.extend([b] * len(accepted_rows))
-            src.extend(start + r for r in accepted_rows)
-            dst.extend(range(start + 1, start + 1 + len(accepted_rows)))
-        lengths[b] = start + len(accepted)
-        out = StepOutput(seq.seq_id, accepted, seq.finish_reason, row.choice.kind, row.width,
-                         seq.stats if seq.finished else None, sources=seq.step_sources)
+        if verdict.kv_rows:  # the accepted candidate's rows move right behind the last token
+            slots.extend([b] * len(verdict.kv_rows))
+            src.extend(start + r for r in verdict.kv_rows)
+            dst.extend(range(start + 1, start + 1 + len(verdict.kv_rows)))
+        lengths[b] = start + len(verdict.tokens)
+        out = StepOutput(seq.seq_id, verdict.tokens, seq.finish_reason, span.choice.kind, span.width,
+                         seq.stats if seq.finished else None, sources=verdict.sources)
         if seq.logprobs is not None:
-            out.logprobs = token_logprobs(logits[b], [0, *accepted_rows], accepted, seq.logprobs)
+            out.logprobs = token_logprobs(logits[b], [0, *verdict.kv_rows], verdict.tokens, seq.logprobs)
         if seq.prompt_lp is not None:
             out.prompt_logprobs, seq.prompt_lp = seq.prompt_lp, None
         outputs.append(out)
@@ -61,10 +71,11 @@ def verify(running: list[Sequence], rows: list[Row], pred: list[list[int]], logi
     return outputs
 
 
-def draw_walks(running: list[Sequence], rows: list[Row], logits: torch.Tensor) -> dict[int, dict[int, int]]:
+def draw_walks(plan: StepPlan, logits: torch.Tensor) -> dict[int, dict[int, int]]:
     """Sampled requests' tokens along their walks: {batch row: {step row: token}}. Level by
     level, each request's next row is drawn for all of them at once per sampling setting (one
     transfer each); a row is drawn only once the walk reaches it, as plain sampling would."""
+    running = plan.seqs
     sampled = [b for b, seq in enumerate(running) if seq.sampled]
     drawn: dict[int, dict[int, int]] = {b: {} for b in sampled}
     todo = [(b, 0, first_draw(running[b])) for b in sampled]
@@ -81,7 +92,7 @@ def draw_walks(running: list[Sequence], rows: list[Row], logits: torch.Tensor) -
             tokens = sample_rows(logits[index_b, index_t], params, [u for _, _, u in members])
             for (b, at, _), token in zip(members, tokens):
                 drawn[b][at] = token
-                if (nxt := next_draw(running[b], rows[b], at, token)) is not None:
+                if (nxt := next_draw(running[b], plan.drafts[b], plan.spans[b], at, token)) is not None:
                     todo.append((b, *nxt))
     return drawn
 
@@ -89,19 +100,20 @@ def draw_walks(running: list[Sequence], rows: list[Row], logits: torch.Tensor) -
 def first_draw(seq: Sequence) -> float:
     """The uniform of a sampled request's first token this step (step row 0)."""
     assert seq.seed is not None, "first_draw() is for sampled requests, which all have a seed"
-    return position_uniform(seq.seed, len(seq.tokens) - seq.prompt_len)
+    return position_uniform(seq.seed, seq.produced)
 
 
-def next_draw(seq: Sequence, row: Row, at: int, token: int) -> tuple[int, float] | None:
+def next_draw(seq: Sequence, draft: Draft | None, span: Span, at: int, token: int) -> tuple[int, float] | None:
     """A sampled request's walk, one drawn token at a time: given `token` drawn at step row
     `at` (0 first: the last token's row), the step row whose token the walk needs next (the
     tree child holding `token`) and its uniform, from its output position; None where the
     walk ends. Rows off the walk are never drawn, so a rejected candidate costs no sampling."""
     assert seq.seed is not None, "next_draw() is for sampled requests, which all have a seed"
-    tree = seq.tree
-    node = 0 if at == 0 else at - row.cand_start + 1
+    if draft is None:
+        return None
+    tree = draft.tree
+    node = 0 if at == 0 else at - span.cand_start + 1
     child = tree.child(node, token)
     if child is None:
         return None
-    produced = len(seq.tokens) - seq.prompt_len
-    return row.cand_start + child - 1, position_uniform(seq.seed, produced + int(tree.depth[child - 1]))
+    return span.cand_start + child - 1, position_uniform(seq.seed, seq.produced + int(tree.depth[child - 1]))

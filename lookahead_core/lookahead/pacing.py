@@ -155,12 +155,6 @@ class StepPacer:
         self.idle = 0 if choice.kind is StepKind.FULL else self.idle + 1
         return choice
 
-    def choose(self, full_width: int | None, verify: Sequence[tuple[int, float]], copied: bool,
-               ratio: Callable[[int], float]) -> StepChoice:
-        """Pick alone, as the only row of a step."""
-        menu = self.menu(full_width, verify, copied)
-        return self.pick(menu, copied, batch_width([menu], ratio), ratio, widen=True)
-
     def update(self, choice: StepChoice, tokens: int) -> None:
         """What a step of `choice` yielded: `tokens` accepted, bonus included."""
         if choice.kind is not StepKind.FULL:

@@ -48,6 +48,7 @@ def test_a_pinned_row_price_sets_how_many_tree_rows_a_whole_step_keeps(tiny_mode
                                     "--row-price", price])
         row = report["rows"][1]
         assert row["identical"] == "2/2"
+        assert row["host_ms_per_step"] > 0 and report["rows"][0]["host_ms_per_step"] is None  # ours; HF has no steps
         widths[price] = row["mean_width"]
     assert widths["100"] == 1 + 2 * 2  # the last token and the window: no candidate row is worth 100 steps
     assert widths["0"] > widths["100"]

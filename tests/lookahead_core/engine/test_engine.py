@@ -37,11 +37,11 @@ class HeldCosts(StepCosts):
 def seed_oracle(engine, seq_id, oracle):
     """Seed a request's pool with its true continuation (plus decoys): long accepted blocks."""
     seq = engine._seqs[seq_id]
-    n = seq.params.n
-    seq.pool.add_sequence(oracle)
+    n = seq.drafter.params.n
+    seq.drafter.pool.add_sequence(oracle)
     for i in range(len(oracle) - n + 1):
         cont = tuple(oracle[i + 1 : i + n])
-        seq.pool.add(oracle[i], cont[:-1] + ((cont[-1] + 1) % VOCAB,))
+        seq.drafter.pool.add(oracle[i], cont[:-1] + ((cont[-1] + 1) % VOCAB,))
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
@@ -217,11 +217,10 @@ def test_shared_pool_speeds_up_a_repeat_and_keeps_it_exact(setup, cap):
     in long accepted blocks, and stays token-identical. cap 0 turns the shared pool off."""
     model, cases = setup
     # no stored prompt prefixes: the repeat must differ from the first run by the shared pool alone
+    # every proposed row runs (row price 0): with the measured row price, rows trimmed by the rates
+    # the first run taught and by the host's load made the repeat 27 or 28 steps with the pool off
     engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=cap, history_tokens=0,
-                                        prefix_cache_tokens=0))
-    # every proposed row runs: with the measured row price, rows trimmed by the rates the first run
-    # taught and by the host's load made the repeat 27 or 28 steps with the pool off
-    engine.planner.row_price = lambda requests: 0.0  # type: ignore[method-assign]
+                                        prefix_cache_tokens=0, row_price=0.0))
     prompt, ref, _ = cases[0]
     params = LookaheadParams(4, 2, 3, pool_from_prompt=False, successors=0, adapt=False)
     runs = [_run_alone(engine, i, prompt, params) for i in range(2)]
@@ -239,10 +238,9 @@ def test_successor_table_speeds_up_a_repeat_and_keeps_it_exact(setup, topk, pref
     candidate tree; a repeat then accepts more per step and stays token-identical. topk 0 turns
     the table off; `successor_prefill` also records every prompt token's."""
     model, cases = setup
+    # every proposed row runs (row price 0): the measured price depends on the host's load, this test on the table only
     engine = Engine(model, EngineConfig(max_batch=2, max_new_tokens=64, shared_pool_cap=0, successor_topk=topk,
-                                        history_tokens=0, successor_prefill=prefill))
-    # every proposed row runs: the measured row price depends on the host's load, this test on the table only
-    engine.planner.row_price = lambda requests: 0.0
+                                        history_tokens=0, successor_prefill=prefill, row_price=0.0))
     long = next(p for p, _, _ in cases if len(set(p)) > 8)
     _run_alone(engine, -1, long, "off", max_new_tokens=1)  # a prefill, then one plain step of the last token
     if topk:
@@ -294,11 +292,11 @@ def test_full_steps_teach_the_replica_what_a_new_request_expects_of_them(setup):
     assert any(means[(False, copied)] != 2.0 for copied in (False, True))
     assert means[(True, False)] == means[(True, True)] == 2.0
     engine.add_request(req(1, prompt, MAX_NEW, LookaheadParams(2, 1, 0)))
-    assert engine._seqs[1].pacer.yields == engine.knowledge.full_yields.start(False)
+    assert engine._seqs[1].drafter.pacer.yields == engine.knowledge.full_yields.start(False)
     # what greedy rows accepted is not what a sampled request expects of its rows, nor the reverse
     engine.add_request(req(2, prompt, MAX_NEW, LookaheadParams(2, 1, 0), sampling=SamplingParams(1.0, seed=0)))
     greedy, sampled = engine._seqs[1], engine._seqs[2]
-    assert greedy.row_rates is engine.knowledge.row_rates[False] and sampled.row_rates is engine.knowledge.row_rates[True]
+    assert greedy.drafter.row_rates is engine.knowledge.row_rates[False] and sampled.drafter.row_rates is engine.knowledge.row_rates[True]
     assert engine.knowledge.row_rates[False] is not engine.knowledge.row_rates[True]
     assert set(engine.knowledge.status()["full_step_yield"]) == {"greedy", "greedy_copied", "sampled", "sampled_copied"}
 
@@ -312,7 +310,7 @@ def test_successor_nodes_that_do_not_earn_their_row_are_left_out(setup):
     params = LookaheadParams(2, 1, 0, lookup=0, successors=16, adapt=False)
     proposed = []
     for i, price in enumerate([0.0, 0.0, 0.05]):  # the first run fills the table
-        engine.planner.row_price = lambda requests, price=price: price  # type: ignore[method-assign]
+        engine.planner.pinned_price = price
         tokens, stats = _run_alone(engine, i, prompt, params)
         assert tokens == ref
         proposed.append(stats.proposed.get("successors", 0) / stats.steps)

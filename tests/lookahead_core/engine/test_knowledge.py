@@ -4,6 +4,7 @@ import pytest
 from lookahead_core import LookaheadParams
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.generation import warm_up
 from lookahead_core.engine.model_runner import ModelRunner
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.models.random_models import build_random_model
@@ -72,6 +73,20 @@ def test_a_restored_engine_steps_as_it_did_at_the_snapshot(model):
 def test_requests_hold_the_engines_tables(model):
     engine = _engine(model)
     engine.add_request(req(0, [5, 6, 7], 4, LookaheadParams(3, 2, 2)))
-    seq, know = engine._seqs[0], engine.knowledge
-    assert seq.shared is know.shared_pool and seq.history is know.history and seq.successors is know.successors
-    assert seq.row_rates is know.row_rates[False]
+    drafter, know = engine._seqs[0].drafter, engine.knowledge
+    assert drafter.shared is know.shared_pool and drafter.history is know.history and drafter.successors is know.successors
+    assert drafter.row_rates is know.row_rates[False]
+
+
+def test_a_warm_up_leaves_no_trace_of_its_text(model):
+    """The replica's warm-up requests teach nothing: the learned tables and the stored prompt
+    prefixes are as at start, and the next request steps as on a fresh engine."""
+    prompts = random_prompts(5, VOCAB, seed=3)
+    config = EngineConfig(max_batch=2, max_new_tokens=32, prefix_cache_tokens=4096)
+    fresh = Engine(ModelRunner(model, FixedCosts()), config)
+    status = fresh.knowledge.status()
+    first = _steps(fresh, 0, prompts[4])
+    engine = Engine(ModelRunner(model, FixedCosts()), config)
+    warm_up(engine, prompts[4], max_new_tokens=32)  # the very prompt: anything kept would show
+    assert engine.knowledge.status() == status and len(engine.prefixes) == 0
+    assert _steps(engine, 0, prompts[4]) == first

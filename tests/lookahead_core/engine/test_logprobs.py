@@ -23,7 +23,7 @@ def _run(model, prompt, params, oracle=None):
     engine = Engine(model, EngineConfig(max_batch=2, prefill_chunk=5, max_new_tokens=MAX_NEW))
     engine.add_request(req("r", prompt, MAX_NEW, params, logprobs=3, prompt_logprobs=2))
     if oracle is not None:  # the true continuation in the pool: long accepted blocks
-        engine._seqs["r"].pool.add_sequence(oracle)
+        engine._seqs["r"].drafter.pool.add_sequence(oracle)
     tokens, lps, prompt_lps, multi = [], [], None, 0
     while engine.has_work():
         for out in engine.step():

@@ -9,7 +9,7 @@ from tests.lookahead_core.helpers import req
 
 
 def _seq(i, n_prompt, params=None):
-    return Sequence(req(i, range(1, n_prompt + 1), 4, params), params, lambda p: StepLayout(p, torch.float32, "cpu"))
+    return Sequence.of(req(i, range(1, n_prompt + 1), 4, params), params, lambda p: StepLayout(p, torch.float32, "cpu"))
 
 
 def test_prefill_in_chunks_then_running():
@@ -77,5 +77,5 @@ def test_abort_frees_a_waiting_or_prefilling_slot_at_once_and_a_running_one_at_r
 
 def test_a_lookahead_sequence_builds_its_window_and_pool_from_the_prompt():
     seq = _seq("a", 6, LookaheadParams(3, 2, 2))
-    assert seq.layout.max_tokens == 1 + 4 + 4 + 8 + 32 and seq.window.levels and seq.pool.lookup(1) == [(2, 3)]
-    assert _seq("b", 6).layout.max_tokens == 1
+    assert seq.layout.max_tokens == 1 + 4 + 4 + 8 + 32 and seq.drafter.window.levels and seq.drafter.pool.lookup(1) == [(2, 3)]
+    assert _seq("b", 6).layout.max_tokens == 1 and _seq("b", 6).drafter is None

@@ -27,10 +27,10 @@ def _decode(model, prompt, params, max_new, eos=(), oracle=None, planner=None):
         n = params.n
         # True n-grams first, then a decoy per key that differs in its last token: the true
         # continuation is never the first candidate and always the longest match.
-        seq.pool.add_sequence(oracle)
+        seq.drafter.pool.add_sequence(oracle)
         for i in range(len(oracle) - n + 1):
             cont = tuple(oracle[i + 1 : i + n])
-            seq.pool.add(oracle[i], cont[:-1] + ((cont[-1] + 1) % VOCAB,))
+            seq.drafter.pool.add(oracle[i], cont[:-1] + ((cont[-1] + 1) % VOCAB,))
     blocks, kinds = [], []
     while engine.has_work():
         outs = [out for out in engine.step() if out.tokens]

@@ -8,10 +8,16 @@ P, V, F = StepKind.PLAIN, StepKind.VERIFY, StepKind.FULL
 FULL_WIDTH = 9
 
 
+def choose(pacer, full_width, verify, copied, ratio):
+    """The pacer's pick as the only row of a step, as the planner makes it for a request alone."""
+    menu = pacer.menu(full_width, verify, copied)
+    return pacer.pick(menu, copied, batch_width([menu], ratio), ratio, widen=True)
+
+
 def _run(pacer, steps, tokens_of, ratio_of, copied=False, verify=()):
     kinds = []
     for _ in range(steps):
-        choice = pacer.choose(FULL_WIDTH, verify, copied, ratio_of)
+        choice = choose(pacer, FULL_WIDTH, verify, copied, ratio_of)
         kinds.append(choice.kind)
         pacer.update(choice, tokens_of(choice.kind))
     return kinds
@@ -44,10 +50,10 @@ def test_copied_runs_are_judged_apart_from_pooled_ngrams():
 
     for step in range(300):
         copied = step % 2 == 0
-        choice = pacer.choose(FULL_WIDTH, (), copied, ratio)
+        choice = choose(pacer, FULL_WIDTH, (), copied, ratio)
         pacer.update(choice, 4 if copied and choice.kind is F else 1)
-    assert pacer.choose(FULL_WIDTH, (), True, ratio).kind is F
-    assert pacer.choose(FULL_WIDTH, (), False, ratio).kind is P
+    assert choose(pacer, FULL_WIDTH, (), True, ratio).kind is F
+    assert choose(pacer, FULL_WIDTH, (), False, ratio).kind is P
 
 
 def test_verify_keeps_the_rows_whose_expected_tokens_pay_for_their_width():
@@ -59,10 +65,10 @@ def test_verify_keeps_the_rows_whose_expected_tokens_pay_for_their_width():
     def sloped(w):  # each row 10% of a one-token step
         return 1.0 + 0.1 * (w - 1)
 
-    choice = pacer.choose(FULL_WIDTH, verify, False, sloped)
+    choice = choose(pacer, FULL_WIDTH, verify, False, sloped)
     assert (choice.kind, choice.rows) == (V, 2)  # 1.45 / 1.2 beats 1.3 / 1.1 and 1.5 / 1.3
-    assert pacer.choose(FULL_WIDTH, verify, False, lambda w: 2.0 if w > 1 else 1.0).kind is P
-    assert pacer.choose(FULL_WIDTH, verify, False, lambda w: 1.0).rows == 3  # free width: every row
+    assert choose(pacer, FULL_WIDTH, verify, False, lambda w: 2.0 if w > 1 else 1.0).kind is P
+    assert choose(pacer, FULL_WIDTH, verify, False, lambda w: 1.0).rows == 3  # free width: every row
     pacer.update(choice, 5)  # a VERIFY step's yield teaches the window nothing
     assert pacer.yields == {False: 1.0, True: 1.0}
 
@@ -70,10 +76,10 @@ def test_verify_keeps_the_rows_whose_expected_tokens_pay_for_their_width():
 def test_only_the_kinds_on_offer_are_chosen():
     pacer = StepPacer()
     for _ in range(50):
-        choice = pacer.choose(5, (), False, lambda w: 1.0)
+        choice = choose(pacer, 5, (), False, lambda w: 1.0)
         assert choice.kind in (F, P)
         pacer.update(choice, 1)
-    assert pacer.choose(None, [(2, 1.5)], False, lambda w: 1.0).kind is V
+    assert choose(pacer, None, [(2, 1.5)], False, lambda w: 1.0).kind is V
 
 
 def test_the_batch_width_pays_for_the_tokens_of_every_row():

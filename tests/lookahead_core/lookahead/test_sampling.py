@@ -192,7 +192,7 @@ def _engine_joint(model, samples, planner=None, params=None):
     for i in range(samples):
         engine.add_request(req(i, PROMPT, 3, params, sampling=SamplingParams(1.0, seed=i)))
         if params.g:
-            engine._seqs[i].pool.add_sequence(POOL_SEED)
+            engine._seqs[i].drafter.pool.add_sequence(POOL_SEED)
     out, multi, sources = {i: [] for i in range(samples)}, 0, collections.Counter()
     while engine.has_work():
         for o in engine.step():
@@ -252,7 +252,7 @@ def test_a_step_draws_only_the_rows_its_walk_reaches(model, monkeypatch):
     monkeypatch.setattr(verification, "sample_rows", counting)
     engine = Engine(model, EngineConfig(max_batch=1, max_new_tokens=48, max_n=N, max_w=2, max_g=G))
     engine.add_request(req(0, [5, 0, 1, 5], 40, LookaheadParams(N, 2, G, adapt=False), sampling=s))
-    engine._seqs[0].pool.add_sequence(POOL_SEED * 3)
+    engine._seqs[0].drafter.pool.add_sequence(POOL_SEED * 3)
     tokens, ran = [], 0
     while engine.has_work():
         for o in engine.step():

@@ -1,8 +1,10 @@
 """HTTP ingress: /generate, /health, /v1/models, /v1/completions, /v1/chat/completions.
 
-Routes only: bodies are validated into one ServeRequest (request_bodies.py), sent to a replica, and
-its Delta / Completion / RequestError items shaped into responses (response_bodies.py, streaming.py).
-Every error, on every route, is OpenAI's envelope: {"error": {"message", "type", "param", "code"}}.
+Routes only: bodies, validated as types bounded by the server's limits (bounded_bodies.py), become one
+ServeRequest (request_bodies.py), sent to a replica, and its Delta / Completion / RequestError items are
+shaped into responses (response_bodies.py, streaming.py). The FastAPI app is built when the replica
+starts, once the model's vocabulary is known. Every error, on every route, is OpenAI's envelope:
+{"error": {"message", "type", "param", "code"}}.
 """
 
 import asyncio
@@ -13,9 +15,7 @@ from typing import cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.openapi.utils import get_openapi
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.exceptions import RayError
 from ray.serve.exceptions import BackPressureError
@@ -25,15 +25,11 @@ from starlette.exceptions import HTTPException
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.serving import Completion, Delta, RequestError, RequestLimits, ServeRequest
 
+from .bounded_bodies import Bodies, bounded_bodies
 from .guard import GuardConfig, RequestGuard
-from .openapi_schema import served_schema
 from .request_bodies import ChatRequest, CompletionRequest, GenerateRequest
 from .response_bodies import error_body, generate_body, openai_body
 from .streaming import closing, generate_events, openai_events
-
-# /openapi.json and /docs are LookaheadAPI's own routes: the schema needs the model's vocabulary.
-app = FastAPI(title="lookahead-serve", description="Exact Lookahead Decoding on Ray Serve", openapi_url=None)
-app.add_middleware(RequestGuard)
 
 log = logging.getLogger("ray.serve")
 OVERLOADED = RequestError(503, "server overloaded: too many queued requests, retry later", code="overloaded",
@@ -54,28 +50,24 @@ def error_response(err: RequestError, headers: Mapping[str, str] | None = None) 
     return JSONResponse(status_code=err.status, content={"error": error_body(err)}, headers=headers)
 
 
-@app.exception_handler(RequestError)
 async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
     return error_response(exc)
 
 
-@app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """One readable message per problem (malformed JSON lands here too); `param` names the first
-    offending field. 400 on the OpenAI routes, as OpenAI and vLLM answer; 422 on /generate."""
-    problems, param, code = [], None, None
+    offending field. The status is the route's body's REFUSAL_STATUS (400 on the OpenAI routes, 422
+    on /generate), as for the refusals its `to_request` raises."""
+    problems, param = [], None
     for err in exc.errors():
-        ctx = err.get("ctx") or {}
         fields = [str(p) for p in err.get("loc", ()) if p != "body"]
         problems.append(f"{'.'.join(fields)}: {err.get('msg')}" if fields else str(err.get("msg")))
         if param is None:
-            param = ctx.get("param") or next((f for f in fields if not f.isdigit()), None)
-            code = ctx.get("code")
-    openai_route = getattr(request.scope.get("route"), "path", "").startswith("/v1/")
-    return error_response(RequestError(400 if openai_route else 422, "; ".join(problems), param, code))
+            param = next((f for f in fields if not f.isdigit()), None)
+    path = getattr(request.scope.get("route"), "path", "")
+    return error_response(RequestError(request.app.state.refusal_status.get(path, 422), "; ".join(problems), param))
 
 
-@app.exception_handler(HTTPException)
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     """Unknown paths (404) and wrong methods (405) get the envelope too."""
     return error_response(RequestError(exc.status_code, str(exc.detail)), exc.headers)  # e.g. 405's Allow
@@ -97,9 +89,41 @@ async def _completions(items, n: int = 1) -> list[Completion]:
     raise NO_RESULT
 
 
+def api_app(api: "LookaheadAPI", bodies: Bodies) -> FastAPI:
+    """The FastAPI app of one ingress replica: `api`'s routes, the POST routes taking `bodies`."""
+    app = FastAPI(title="lookahead-serve", description="Exact Lookahead Decoding on Ray Serve", redoc_url=None,
+                  swagger_ui_oauth2_redirect_url=None)
+    app.add_middleware(RequestGuard)
+    app.state.guard = api.guard
+    app.state.refusal_status = {}
+    for exc, handler in ((RequestError, _request_error), (RequestValidationError, _validation_error),
+                         (HTTPException, _http_error)):
+        app.exception_handler(exc)(handler)
+    app.get("/health")(api.health)
+    app.get("/v1/models")(api.models)
+    app.get("/v1/models/{model_id:path}")(api.retrieve_model)
+    for path, body, route in (("/generate", bodies.generate, api.generate),
+                              ("/v1/completions", bodies.completion, api.completions),
+                              ("/v1/chat/completions", bodies.chat, api.chat)):
+        app.post(path)(_taking(body, route))
+        app.state.refusal_status[path] = body.REFUSAL_STATUS
+    return app
+
+
+def _taking(body: type, route):
+    """`route` as an endpoint whose JSON body FastAPI validates as `body` (a type built at start,
+    so it cannot be written in a signature)."""
+    async def endpoint(req):
+        return await route(req)
+
+    endpoint.__annotations__["req"] = body
+    endpoint.__name__ = route.__name__  # the operationId
+    return endpoint
+
+
 # The ingress only awaits I/O: it asks Ray for no CPU, so the model replica can have every core.
 @serve.deployment(name="LookaheadAPI", max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
-@serve.ingress(app)
+@serve.ingress()
 class LookaheadAPI:
     def __init__(self, model: DeploymentHandle, model_name: str, engine: EngineConfig, limits: RequestLimits,
                  guard: dict | None = None) -> None:
@@ -108,7 +132,7 @@ class LookaheadAPI:
         self.model_name = model_name
         self.created = int(time.time())
         guard = guard or {}
-        app.state.guard = GuardConfig(
+        self.guard = GuardConfig(
             api_keys=tuple(k.encode() for k in guard.get("api_keys", ())),
             open_paths=frozenset(guard.get("open_paths", ("/health",))),
             max_body_bytes=guard.get("max_body_bytes", 1 << 20),
@@ -154,19 +178,12 @@ class LookaheadAPI:
 
         return items()
 
-    @app.get("/openapi.json", include_in_schema=False)
-    async def openapi_json(self) -> dict:
-        if app.openapi_schema is None:
-            info = await self.model.info.remote()
-            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            app.openapi_schema = served_schema(schema, self.model_name, info["vocab_size"], self.engine_config, self.limits)
-        return app.openapi_schema
+    async def __serve_build_asgi_app__(self) -> FastAPI:
+        """Serve calls this once the replica is constructed. The bodies need the model's vocabulary,
+        so this ingress replica is ready once a model replica answers (as its routes would need anyway)."""
+        info = await self.model.info.remote()
+        return api_app(self, bounded_bodies(self.model_name, info["vocab_size"], self.engine_config, self.limits))
 
-    @app.get("/docs", include_in_schema=False)
-    async def docs(self, request: Request) -> HTMLResponse:
-        return get_swagger_ui_html(openapi_url=request.scope.get("root_path", "") + "/openapi.json", title=app.title)
-
-    @app.get("/health")
     async def health(self):
         """The replica's state; 503 while its engine cannot step, so a load balancer stops sending."""
         info = await self.model.info.remote()
@@ -179,17 +196,14 @@ class LookaheadAPI:
         return RequestError(404, f"the model `{model}` does not exist: this server serves `{self.model_name}`",
                             param="model", code="model_not_found")
 
-    @app.get("/v1/models")
     async def models(self) -> dict:
         return {"object": "list", "data": [self._model_card()]}
 
-    @app.get("/v1/models/{model_id:path}")
     async def retrieve_model(self, model_id: str):
         if model_id != self.model_name:
             raise self._unknown_model(model_id)
         return self._model_card()
 
-    @app.post("/generate")
     async def generate(self, req: GenerateRequest):
         items = await self._open(req.to_request())
         if req.stream:
@@ -210,10 +224,8 @@ class LookaheadAPI:
             return StreamingResponse(closing(events, items), media_type="text/event-stream")
         return openai_body(head, await _completions(items, req.n), chat)
 
-    @app.post("/v1/completions")
     async def completions(self, req: CompletionRequest):
         return await self._openai(req, chat=False)
 
-    @app.post("/v1/chat/completions")
     async def chat(self, req: ChatRequest):
         return await self._openai(req, chat=True)

@@ -1,33 +1,19 @@
-"""HTTP request bodies, native and OpenAI: each validated (anything malformed is a 4xx before it
-reaches a replica) and turned into the one ServeRequest."""
+"""HTTP request bodies, native and OpenAI: pydantic checks their shapes (a 4xx before anything
+reaches a replica) and `to_request` turns each into the one ServeRequest, refusing with RequestError
+what shapes cannot say. deployments.bounded_bodies bounds them by the server's limits."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    WithJsonSchema,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 from pydantic.config import JsonDict
-from pydantic_core import PydanticCustomError
 
 from lookahead_core.engine.logprobs import MAX_TOP_LOGPROBS
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.serving import Message, RequestError, ServeRequest
 from lookahead_core.serving.request import DEFAULT_MAX_NEW_TOKENS, MAX_CHOICES, PROMPT_FIELDS
-
-
-def refuse(param: str | None, message: str, code: str | None = None) -> PydanticCustomError:
-    """A validation error naming its field (`param`) where pydantic's loc cannot, and an OpenAI `code`."""
-    return PydanticCustomError("invalid_request", message, {"param": param, "code": code})
 
 
 def parse_lookahead(value):
@@ -48,17 +34,21 @@ def parse_lookahead(value):
     raise ValueError(f"must be \"auto\", \"off\" or an object with n, w, g, got {type(value).__name__}")
 
 
-# The schema documents LookaheadParams' bounds for clients; LookaheadParams alone enforces them.
-_NWG = {"type": "object", "additionalProperties": False, "required": ["n", "w", "g"],
-        "properties": {**{k: {"type": "integer", "minimum": LookaheadParams.MINIMUM[k]} for k in ("n", "w", "g")},
-                       "adapt": {"type": "boolean", "default": True,
-                                 "description": "narrow steps that do not pay (false: every step whole)"}}}
-Lookahead = Annotated[
-    Literal["auto", "off"] | LookaheadParams, BeforeValidator(parse_lookahead),
-    WithJsonSchema({"anyOf": [{"enum": ["auto", "off"], "type": "string"}, _NWG],
-                    "description": "\"auto\" (the engine's own (N, W, G), each step as wide as pays), \"off\", "
-                                   "or a fixed (N, W, G)"}),
-]
+def lookahead_schema(maximum: dict[str, int] | None = None) -> JsonDict:
+    """The `lookahead` field's schema: LookaheadParams' bounds (which LookaheadParams enforces) and
+    an engine's largest n, w, g where given."""
+    nwg: JsonDict = {k: {"type": "integer", "minimum": LookaheadParams.MINIMUM[k], **({"maximum": maximum[k]} if maximum else {})}
+                     for k in ("n", "w", "g")}
+    adapt: JsonDict = {"type": "boolean", "default": True, "description": "narrow steps that do not pay (false: every step whole)"}
+    return {"anyOf": [{"enum": ["auto", "off"], "type": "string"},
+                      {"type": "object", "additionalProperties": False, "required": ["n", "w", "g"],
+                       "properties": {**nwg, "adapt": adapt}}],
+            "description": "\"auto\" (the engine's own (N, W, G), each step as wide as pays), \"off\", "
+                           "or a fixed (N, W, G)"}
+
+
+Lookahead = Annotated[Literal["auto", "off"] | LookaheadParams, BeforeValidator(parse_lookahead),
+                      WithJsonSchema(lookahead_schema())]
 
 
 class _Common(BaseModel):
@@ -76,7 +66,8 @@ class _Common(BaseModel):
     seed: int | None = Field(None, description="fixes the sampled text in float32 whatever runs beside it; in bf16 "
                                                "only for the same step shapes (GET /health seeded_text)",
                              json_schema_extra={"minimum": 0})
-    _request: ServeRequest | None = PrivateAttr(None)
+    # A refusal's status on this body's route: OpenAI's and vLLM's 400, FastAPI's 422 on /generate.
+    REFUSAL_STATUS: ClassVar[int] = 400
     if TYPE_CHECKING:  # every route declares it, with its own default and bounds
         temperature: float | None
 
@@ -91,21 +82,23 @@ class _Common(BaseModel):
         params = SamplingParams(self.temperature or 0.0, self.top_k, self.top_p, self.seed)
         return None if params.greedy else params
 
+    def _check(self) -> None:
+        """Refuse (RequestError) what a field's type cannot: fields that need each other, options not served."""
+
     def _serve_request(self) -> ServeRequest:
         raise NotImplementedError
 
-    @model_validator(mode="after")
-    def _build(self):
-        try:
-            self._request = self._serve_request()
-        except RequestError as err:
-            raise refuse(err.param, err.message, err.code) from None
-        return self
-
     def to_request(self) -> ServeRequest:
-        """The one request this body asks for, built (and checked) once, when the body was validated."""
-        assert self._request is not None, "_build sets it on every validated body"
-        return self._request
+        """The one request this body asks for (a new request id each call); raises RequestError with
+        REFUSAL_STATUS, naming the field, for what the body's shape allows but the server does not
+        serve (ServeRequest's rules on the prompt fields, fields that need each other)."""
+        try:
+            self._check()
+            return self._serve_request()
+        except RequestError as err:
+            if err.status == self.REFUSAL_STATUS:
+                raise
+            raise RequestError(self.REFUSAL_STATUS, err.message, err.param, err.code, err.type) from None
 
 
 class ChatMessage(BaseModel):
@@ -134,9 +127,10 @@ def _messages(messages: list[ChatMessage] | None) -> tuple[Message, ...] | None:
 
 
 # The schema states the rules ServeRequest enforces on prompts, so that a body valid by the schema
-# is one the server serves (the fuzz test holds it to that): exactly one prompt field, none empty,
-# token ids >= 0. Server limits (token budget, stop strings, model id) are added by the ingress.
-_TOKEN_IDS: JsonDict = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+# is one the server serves (the fuzz test holds it to that): exactly one prompt field, none empty.
+# Server limits (token ids within the vocabulary, token budget, stop strings, model id) are
+# deployments.bounded_bodies'.
+TokenId = Annotated[int, Field(ge=0)]
 # `required` alone would let {"prompt": null} through: a given field is a non-null one.
 _ONE_PROMPT: JsonDict = {"oneOf": [{"required": [name], "properties": {name: {"not": {"type": "null"}}}}
                                    for name in PROMPT_FIELDS]}
@@ -144,10 +138,11 @@ _ONE_PROMPT: JsonDict = {"oneOf": [{"required": [name], "properties": {name: {"n
 
 class GenerateRequest(_Common):
     model_config = ConfigDict(extra="forbid", json_schema_extra=_ONE_PROMPT)
+    REFUSAL_STATUS: ClassVar[int] = 422
     temperature: float | None = Field(None, json_schema_extra={"minimum": 0, "maximum": SamplingParams.MAX_TEMPERATURE})
-    # minLength / minItems / items bind only strings / arrays, so they sit beside the null branch
+    # minLength / minItems bind only strings / arrays, so they sit beside the null branch
     prompt: str | None = Field(None, json_schema_extra={"minLength": 1})
-    input_ids: list[int] | None = Field(None, json_schema_extra={"minItems": 1, "items": _TOKEN_IDS["items"]})
+    input_ids: list[TokenId] | None = Field(None, json_schema_extra={"minItems": 1})
     messages: list[ChatMessage] | None = Field(None, description="chat turns, formatted by the model's chat template",
                                                json_schema_extra={"minItems": 1})
     max_new_tokens: int | None = Field(None, description=f"default: {DEFAULT_MAX_NEW_TOKENS}, or less where the server's "
@@ -167,7 +162,7 @@ class GenerateRequest(_Common):
 # OpenAI request fields this server does not implement, each with its one "not used" value
 # besides null, false and empty. Any other value is refused with 400 naming the field: a client
 # must never believe it got tools, penalties or a format it did not get. (`user` only identifies the
-# end user: it is a declared field, accepted and ignored. Fields nobody declared are ignored, as in vLLM.)
+# end user: it is a declared field, accepted and ignored. Other fields nobody declared are ignored, as in vLLM.)
 UNSUPPORTED: dict[str, object] = {
     "tools": None, "tool_choice": "none", "functions": None, "function_call": "none",
     "response_format": {"type": "text"}, "logit_bias": None, "best_of": 1, "suffix": None,
@@ -196,7 +191,7 @@ class _OpenAIRequest(_Common):
     """Fields shared by the OpenAI endpoints (OpenAI's defaults: temperature 1, at most 2). `top_k`,
     `lookahead`, `timeout_s` and `ignore_eos` (as in vLLM: decode past EOS up to the token limit) are extensions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # kept for the UNSUPPORTED check, else unused
     model: str | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -208,21 +203,14 @@ class _OpenAIRequest(_Common):
     _unsupported: ClassVar[dict[str, object]] = UNSUPPORTED
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="independent choices (a seed gives choice i seed + i)")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unsupported(cls, body):
-        if isinstance(body, dict):
-            for field, off in cls._unsupported.items():
-                if not _is_off(body.get(field), off):
-                    also = "" if off is None else f" (other than {json.dumps(off)})"
-                    raise refuse(field, f"`{field}`{also} is not supported by this server", "unsupported_parameter")
-        return body
-
-    @model_validator(mode="after")
-    def _stream_options(self):
+    def _check(self) -> None:
+        extra = self.model_extra or {}
+        for field, off in self._unsupported.items():
+            if not _is_off(extra.get(field), off):
+                also = "" if off is None else f" (other than {json.dumps(off)})"
+                raise RequestError(400, f"`{field}`{also} is not supported by this server", field, "unsupported_parameter")
         if self.stream_options is not None and not self.stream:
-            raise refuse("stream_options", "`stream_options` is only allowed when `stream` is true")
-        return self
+            raise RequestError(400, "`stream_options` is only allowed when `stream` is true", "stream_options")
 
     @property
     def include_usage(self) -> bool:
@@ -239,11 +227,19 @@ class _OpenAIRequest(_Common):
                             logprobs=logprobs, echo=echo, n=self.n)
 
 
-_COMPLETION_PROMPT: JsonDict = {"anyOf": [
-    {"type": "string", "minLength": 1}, _TOKEN_IDS,
-    {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
-    {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": 1},
-], "title": "Prompt", "description": "a string or token ids, or a list of one of either (one prompt per request)"}
+_Id = TypeVar("_Id")
+CompletionPrompt = str | list[str] | list[_Id] | list[list[_Id]]  # given the token id type
+
+
+def completion_prompt_schema(token_id: Any) -> JsonDict:
+    """What `prompt` takes: one non-empty string or list of `token_id`s, alone or in a list of one."""
+    ids: JsonDict = {"type": "array", "items": TypeAdapter(token_id).json_schema(), "minItems": 1}
+    return {"anyOf": [{"type": "string", "minLength": 1}, ids,
+                      {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+                      {"type": "array", "items": ids, "minItems": 1, "maxItems": 1}],
+            "title": "Prompt", "description": "a string or token ids, or a list of one of either (one prompt per request)"}
+
+
 # OpenAI's pairings, refused with 400 when broken: stream_options needs stream, top_logprobs logprobs.
 _NEEDS_STREAM: JsonDict = {"stream_options": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
 _NEEDS_LOGPROBS: JsonDict = {"top_logprobs": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
@@ -253,7 +249,7 @@ class CompletionRequest(_OpenAIRequest):
     """`prompt`: a string, token ids, or a list of one of either (one prompt per request)."""
 
     model_config = ConfigDict(json_schema_extra={"dependentSchemas": _NEEDS_STREAM})
-    prompt: Annotated[str | list[str] | list[int] | list[list[int]], WithJsonSchema(_COMPLETION_PROMPT)]
+    prompt: Annotated[CompletionPrompt[TokenId], WithJsonSchema(completion_prompt_schema(TokenId))]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=5, description="log-probabilities of each token and this many alternatives")
     echo: bool = Field(False, description="the prompt first in the text (and, with logprobs, the prompt's logprobs)")
@@ -277,9 +273,12 @@ class ChatRequest(_OpenAIRequest):
     logprobs: bool = Field(False, description="log-probabilities of the output tokens")
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="alternatives per token; needs logprobs")
 
-    def _serve_request(self) -> ServeRequest:
+    def _check(self) -> None:
+        super()._check()
         if self.top_logprobs is not None and not self.logprobs:
             raise RequestError(400, "`top_logprobs` needs `logprobs: true`", "top_logprobs")
+
+    def _serve_request(self) -> ServeRequest:
         limit = self.max_completion_tokens or self.max_tokens  # None: the server's default
         return self._openai_request(limit, (self.top_logprobs or 0) if self.logprobs else None,
                                     messages=_messages(self.messages))

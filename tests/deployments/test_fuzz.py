@@ -7,7 +7,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 
 EXAMPLES = 180  # per POST operation and generation mode: 3 x 2 x 180 = 1,080 requests
-# The schema carries the server's limits (openapi_schema.served_schema); what it cannot say is a prompt's
+# The schema carries the server's limits (deployments/bounded_bodies.py); what it cannot say is a prompt's
 # length in tokens (over max_prompt_tokens, or with its budget past max_seq_len): 22 of 540 here.
 SERVED_SHARE = 0.9
 

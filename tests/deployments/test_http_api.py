@@ -42,9 +42,14 @@ def test_health_and_models(server):
     spec = requests.get(server + "/openapi.json", timeout=10).json()["components"]["schemas"]
     for body in ("CompletionRequest", "ChatRequest"):
         assert spec[body]["properties"]["model"]["anyOf"][0]["enum"] == ["tiny"]
-    # ... and this server's limits: the tiny model's 128 ids, engine max_new_tokens 64
-    assert spec["GenerateRequest"]["properties"]["input_ids"]["items"]["maximum"] == 127
-    assert spec["ChatRequest"]["properties"]["max_tokens"]["maximum"] == 64
+    # ... and this server's limits: the tiny model's 128 ids, engine max_new_tokens 64, (N, W, G) up to (8, 16, 16),
+    # 16 stop strings of 256 characters (the routes take the bodies bounded by them: deployments/bounded_bodies.py)
+    generate = spec["GenerateRequest"]["properties"]
+    assert generate["input_ids"]["anyOf"][0]["items"]["maximum"] == 127
+    assert spec["CompletionRequest"]["properties"]["prompt"]["anyOf"][1]["items"]["maximum"] == 127
+    assert spec["ChatRequest"]["properties"]["max_tokens"]["anyOf"][0]["maximum"] == 64
+    assert generate["lookahead"]["anyOf"][1]["properties"]["n"]["maximum"] == 8
+    assert (generate["stop"]["maxItems"], generate["stop"]["items"]["maxLength"]) == (16, 256)
     docs = requests.get(server + "/docs", timeout=10)
     assert docs.status_code == 200 and "url: '/openapi.json'" in docs.text
 
@@ -242,7 +247,8 @@ def test_chat_applies_the_configured_template(server, local):
         ("/generate", {"prompt": 5}, 422, "prompt"),
         ("/generate", {"prompt": "x", "max_new_tokens": -1}, 422, "max_new_tokens"),
         ("/generate", {"prompt": "x", "max_new_tokens": "many"}, 422, "max_new_tokens"),
-        ("/generate", {"prompt": "x", "max_new_tokens": 10**9}, 400, "max_new_tokens"),
+        ("/generate", {"prompt": "x", "max_new_tokens": 10**9}, 422, "max_new_tokens: Input should be less than or equal to 64"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 65}, 400, "max_tokens: Input should be less than or equal to 64"),
         ("/generate", {"prompt": "x" * 300, "max_new_tokens": 8}, 400, "the prompt has 300 tokens; this server accepts at most 255"),
         ("/generate", {"prompt": "x" * 200, "max_new_tokens": 64}, 400, "plus max_new_tokens=64 exceeds this engine's limit of 256"),
         ("/generate", {"prompt": "x", "lookahead": "fast"}, 422, "lookahead"),
@@ -250,11 +256,11 @@ def test_chat_applies_the_configured_template(server, local):
         ("/generate", {"prompt": "x", "lookahead": {"n": 3, "w": 2}}, 422, "exactly the keys n, w, g"),
         ("/generate", {"prompt": "x", "lookahead": {"n": 3, "w": 2, "g": 2, "adapt": "yes"}}, 422, "adapt must be a bool"),
         ("/generate", {"prompt": "x", "lookahead": {"n": 3, "w": 2, "g": 2, "fast": True}}, 422, "exactly the keys"),
-        ("/generate", {"prompt": "x", "lookahead": {"n": 99, "w": 2, "g": 2}}, 400, "n=99 exceeds"),
+        ("/generate", {"prompt": "x", "lookahead": {"n": 99, "w": 2, "g": 2}}, 422, "n=99 exceeds"),
         ("/generate", {"prompt": "x", "extra": 1}, 422, "extra"),
         ("/generate", {"max_new_tokens": 3}, 422, "exactly one of"),
-        ("/generate", {"input_ids": [1, 5000], "max_new_tokens": 4}, 400, "vocabulary"),
-        ("/generate", {"prompt": "x", "max_new_tokens": 4, "stop": ["a"] * 40}, 400, "stop"),
+        ("/generate", {"input_ids": [1, 5000], "max_new_tokens": 4}, 422, "input_ids.1: Input should be less than or equal to 127"),
+        ("/generate", {"prompt": "x", "max_new_tokens": 4, "stop": ["a"] * 40}, 422, "stop: List should have at most 16 items"),
         ("/v1/completions", {"prompt": ["a", "b"]}, 400, "one prompt"),
         ("/v1/completions", {"prompt": "a", "temperature": 5}, 400, "temperature"),
         ("/v1/completions", {"prompt": "a", "n": 17}, 400, "n: Input should be less than or equal to 16"),
@@ -280,3 +286,19 @@ def test_bad_input_is_a_4xx_with_a_message(server, path, body, status, message):
         r = post(server, path, body)
     assert r.status_code == status, r.text
     assert message in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path, body, status, param, code", [
+    ("/generate", {"max_new_tokens": 3}, 422, None, None),  # ServeRequest's rule, raised in the route
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "best_of": 2}, 400, "best_of",
+     "unsupported_parameter"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs", None),
+    ("/generate", {"prompt": "x", "max_new_tokens": 65}, 422, "max_new_tokens", None),  # a bound of the body type
+    ("/v1/completions", {"prompt": "x", "stop": ["a"] * 17}, 400, "stop", None),
+])
+def test_a_refusal_names_its_field_and_code(server, path, body, status, param, code):
+    r = post(server, path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"], err["type"]) == (param, code, "invalid_request_error"), err

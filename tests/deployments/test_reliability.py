@@ -66,10 +66,11 @@ def test_auth_is_required_except_on_health(guarded):
     ({"prompt": "x" * 5000, "max_new_tokens": 2}, 413, "exceeds the limit of 4096 bytes"),
     ({"prompt": "x" * 150, "max_new_tokens": 2}, 400, "the prompt has 150 tokens; this server accepts at most 100"),
     ({"input_ids": [5] * 101, "max_new_tokens": 2}, 400, "accepts at most 100"),
-    ({"prompt": "x", "max_new_tokens": MAX_NEW + 1}, 400, f"exceeds this engine's limit of {MAX_NEW}"),
-    ({"prompt": "x", "max_new_tokens": 2, "lookahead": {"n": 3, "w": 17, "g": 2}}, 400, "w=17 exceeds"),
-    ({"prompt": "x", "max_new_tokens": 2, "stop": ["s"] * 17}, 400, "`stop` takes at most 16"),
-    ({"prompt": "x", "max_new_tokens": 2, "stop": ["s" * 300]}, 400, "at most 256 characters"),
+    # the server's limits bound the body's type (deployments/bounded_bodies.py): /generate's 422
+    ({"prompt": "x", "max_new_tokens": MAX_NEW + 1}, 422, f"max_new_tokens: Input should be less than or equal to {MAX_NEW}"),
+    ({"prompt": "x", "max_new_tokens": 2, "lookahead": {"n": 3, "w": 17, "g": 2}}, 422, "w=17 exceeds"),
+    ({"prompt": "x", "max_new_tokens": 2, "stop": ["s"] * 17}, 422, "stop: List should have at most 16 items"),
+    ({"prompt": "x", "max_new_tokens": 2, "stop": ["s" * 300]}, 422, "at most 256 characters"),
     ({"prompt": "x", "max_new_tokens": 2, "timeout_s": 0}, 422, "timeout_s"),
 ])
 def test_limits_are_4xx_with_a_message(guarded, body, status, message):

@@ -1,11 +1,13 @@
 """HTTP bodies become one ServeRequest; the OpenAI fields are mapped there. No Ray needed."""
+import re
+
 import pytest
 from pydantic import ValidationError
 
 from deployments.request_bodies import ChatRequest, CompletionRequest, GenerateRequest
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
-from lookahead_core.serving import Message
+from lookahead_core.serving import Message, RequestError
 
 
 def test_generate_body_to_request():
@@ -31,15 +33,36 @@ def test_openai_fields_are_mapped():
 @pytest.mark.parametrize("model, body, message", [
     (GenerateRequest, {"prompt": "x", "lookahead": {"n": 1, "w": 2, "g": 2}}, "lookahead n must be >= 2"),
     (GenerateRequest, {"prompt": "x", "top_p": 0}, "top_p must be in (0, 1]"),
-    (GenerateRequest, {"prompt": ""}, "`prompt` must not be empty"),
-    (GenerateRequest, {}, "exactly one of"),
-    (ChatRequest, {"messages": []}, "`messages` must not be empty"),
-    (CompletionRequest, {"prompt": ["a", "b"]}, "one prompt per request"),
+    (GenerateRequest, {"input_ids": [3, -1]}, "greater than or equal to 0"),
     (CompletionRequest, {"prompt": "a", "temperature": 3}, "temperature"),
 ])
-def test_each_rule_is_reported_from_its_one_place(model, body, message):
-    with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace("]", r"\]")):
+def test_shapes_and_bounds_are_validation_errors_from_their_one_place(model, body, message):
+    with pytest.raises(ValidationError, match=re.escape(message)):
         model.model_validate(body)
+
+
+@pytest.mark.parametrize("model, body, status, param, code, message", [
+    (GenerateRequest, {"prompt": ""}, 422, "prompt", None, "`prompt` must not be empty"),
+    (GenerateRequest, {}, 422, None, None, "exactly one of"),
+    (GenerateRequest, {"prompt": "x", "max_new_tokens": 0}, 422, "max_new_tokens", None, "max_new_tokens"),
+    (ChatRequest, {"messages": []}, 400, "messages", None, "`messages` must not be empty"),
+    (ChatRequest, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs", None,
+     "`top_logprobs` needs `logprobs: true`"),
+    (ChatRequest, {"messages": [{"role": "user", "content": "x"}], "echo": True}, 400, "echo", "unsupported_parameter",
+     "`echo` is not supported"),
+    (CompletionRequest, {"prompt": ["a", "b"]}, 400, "prompt", None, "one prompt per request"),
+    (CompletionRequest, {"prompt": "a", "best_of": 2}, 400, "best_of", "unsupported_parameter",
+     "`best_of` (other than 1) is not supported"),
+    (CompletionRequest, {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options", None,
+     "only allowed when `stream` is true"),
+])
+def test_a_refusal_is_the_request_error_to_request_raises_not_a_validation_error(model, body, status, param, code, message):
+    """The body's shape is valid, so validating it passes; the route's `to_request` raises the
+    RequestError the client gets (status, param, code), with no pydantic error in between."""
+    valid = model.model_validate(body)
+    with pytest.raises(RequestError, match=re.escape(message)) as err:
+        valid.to_request()
+    assert (err.value.status, err.value.param, err.value.code) == (status, param, code)
 
 
 def test_a_lookahead_setting_of_3_0_is_the_integer_3_as_json_schema_reads_it():

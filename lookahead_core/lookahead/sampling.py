@@ -73,7 +73,8 @@ TOP_P_PREFIX = 1024
 
 
 def warp_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """`warp` for rows [R, V] on the logits' device, in float64."""
+    """Probabilities after temperature, then top-k, then top-p (the order of HF's warpers), for rows
+    [R, V] on the logits' device, in float64."""
     z = logits.double()
     # The row's maximum first: any positive temperature, however small, then leaves the likeliest
     # token(s) at 0 and sends the rest to -inf (the greedy limit), never inf - inf = NaN.

@@ -22,7 +22,7 @@ install: $(VENV)/.installed
 test: install lint
 	$(PY) -m pytest -q
 
-# The fast tier: no Ray Serve, no local Ray cluster, no real SmolLM2, no inductor compile (tiers: tests/conftest.py).
+# The fast tier: no Ray Serve, no local Ray cluster, no real SmolLM2, no inductor compile (tiers: the markers in pyproject.toml).
 test-fast: install
 	$(PY) -m pytest -q -m "not serve and not cluster and not slow and not compile"
 

@@ -79,32 +79,17 @@ torch.set_num_threads(2)
 
 
 # Test tiers (markers registered in pyproject.toml): `make test-fast` runs `-m "not serve and not cluster
-# and not slow and not compile"`, `make test` runs everything. Set here by path and fixture, so test
-# modules need no marks; `compile` (an inductor compile) is marked on the few tests that compile.
+# and not slow and not compile"`, `make test` runs everything. A module states its own tier with `pytestmark`
+# (`compile` sits on the few tests that compile); `serve` is set here, per test, on every test that uses the
+# session's `server` fixture, since a module may mix such tests with ones that start no Ray.
 TESTS = Path(__file__).resolve().parent
-# Modules under tests/deployments/ and tests/loadtests/ that start no Ray (config, schema, guard,
-# request and response bodies, policy arithmetic; SLO, shape, report and stream-parsing helpers): they stay in the fast tier.
-NO_RAY = {
-    "deployments/test_autoscaling.py", "deployments/test_configs.py", "deployments/test_core_plan.py", "deployments/test_guard.py",
-    "deployments/test_kuberay.py", "deployments/test_request_bodies.py", "deployments/test_response_bodies.py",
-    "loadtests/test_client.py", "loadtests/test_guidellm_summary.py", "loadtests/test_shapes.py", "loadtests/test_slo.py",
-    "loadtests/test_soak.py",
-}
-# Modules that load the real default model, SmolLM2-135M-Instruct (lookahead_core.models.loading.DEFAULT_MODEL).
-REAL_MODEL = {"models/test_smollm2.py", "deployments/test_default_model.py"}
+# This module loads the real default model; it is marked `slow` here until it carries its own `pytestmark`.
+PENDING_SLOW = TESTS / "deployments" / "test_default_model.py"
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        try:
-            rel = Path(item.path).resolve().relative_to(TESTS).as_posix()
-        except ValueError:
-            continue
-        if rel.startswith("cluster/"):
-            item.add_marker(pytest.mark.cluster)
-            item.add_marker(pytest.mark.slow)  # the cluster's replicas serve the real model
-        if ("server" in item.fixturenames or rel in ("benchmarks/test_bench_http.py", "benchmarks/test_bench_serving.py")
-                or (rel.startswith(("deployments/", "loadtests/")) and rel not in NO_RAY)):
+        if "server" in item.fixturenames:
             item.add_marker(pytest.mark.serve)
-        if rel in REAL_MODEL:
+        if Path(item.path).resolve() == PENDING_SLOW:
             item.add_marker(pytest.mark.slow)

@@ -14,7 +14,6 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 
@@ -68,18 +67,14 @@ def position_uniform(seed: int, position: int) -> float:
     return (_mix64((key + position * 0x9E3779B97F4A7C15) & _MASK) >> 11) * 2.0**-53
 
 
-def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Probabilities after temperature, then top-k, then top-p (the order of HF's warpers)."""
-    return warp_rows(torch.from_numpy(np.asarray(logits, dtype=np.float64))[None], params)[0].numpy()
-
-
 # top-p looks at this many likeliest tokens first; the whole vocabulary is sorted only for rows
 # whose nucleus is wider (a flat distribution at a high temperature)
 TOP_P_PREFIX = 1024
 
 
 def warp_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """`warp` for rows [R, V] on the logits' device, in float64."""
+    """Probabilities after temperature, then top-k, then top-p (the order of HF's warpers), for rows
+    [R, V] on the logits' device, in float64."""
     z = logits.double()
     # The row's maximum first: any positive temperature, however small, then leaves the likeliest
     # token(s) at 0 and sends the rest to -inf (the greedy limit), never inf - inf = NaN.
@@ -107,11 +102,6 @@ def _top_p(p: torch.Tensor, top_p: float) -> torch.Tensor:
     keep[:, 0] = True
     out = torch.zeros_like(p).scatter_(-1, order, top.masked_fill(~keep, 0.0))
     return out / out.sum(-1, keepdim=True)
-
-
-def sample(p: np.ndarray, u: float) -> int:
-    """The token whose CDF interval holds `u`."""
-    return int(np.searchsorted(np.cumsum(p), u * p.sum(), side="right").clip(0, len(p) - 1))
 
 
 def sample_rows(logits: torch.Tensor, params: SamplingParams, uniforms: Sequence[float]) -> list[int]:

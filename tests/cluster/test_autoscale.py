@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # the cluster's replicas serve the real model
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):

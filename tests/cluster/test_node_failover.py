@@ -9,6 +9,8 @@ import pytest
 
 from deployments.ingress import REPLICA_LOST
 
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # the cluster's replicas serve the real model
+
 
 @pytest.fixture(scope="module")
 def failover(tmp_path_factory):

@@ -16,11 +16,12 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.ngram_pool import NGramPool
 from lookahead_core.lookahead.pacing import StepChoice, StepKind
-from lookahead_core.lookahead.sampling import position_uniform, sample, sample_rows, warp, warp_rows
+from lookahead_core.lookahead.sampling import position_uniform, sample_rows, warp_rows
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.lookahead.tree import CandidateTree
 from lookahead_core.models.random_models import build_random_model
 from tests.lookahead_core.helpers import req, run_to_end
+from tests.lookahead_core.lookahead.oracles import sample, warp
 
 V = 8
 PROMPT = [5]

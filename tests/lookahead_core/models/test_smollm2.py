@@ -7,6 +7,8 @@ from lookahead_core.cli.prompt_sets import read_prompt_set
 from lookahead_core.models.loading import DEFAULT_MODEL, load_model, native_bf16
 from tests.fixtures import PROMPTS
 
+pytestmark = pytest.mark.slow  # the real default model
+
 
 @pytest.fixture(scope="module")
 def fp32(tmp_path_factory):

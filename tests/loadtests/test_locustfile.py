@@ -5,19 +5,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-
-from loadtests import campaign
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory):
-    path = tmp_path_factory.mktemp("prompts") / "short.jsonl"
-    texts = ["def f(x):", "import os", "class A:", "x = [1, 2"]
-    path.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(texts)))
-    return path
 
 
 def run_locust(server, prompts, slo_text, tmp_path, seconds=6, lookahead="auto"):
@@ -49,15 +38,3 @@ def test_any_breach_exits_non_zero(server, prompts, tmp_path, slo):
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "SLO: BREACHED" in proc.stdout and summary["breaches"]
     assert all(figure[p] > 0 for figure in summary["figures"].values() for p in ("p50", "p95"))  # exact, not whole ms
-
-
-def test_smoke_campaign_against_the_server(server, prompts, tmp_path):
-    cfg = yaml.safe_load((ROOT / "loadtests" / "campaigns" / "smoke.yaml").read_text())
-    cfg["prompt_set"] = str(prompts)
-    path = tmp_path / "smoke.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    code = campaign.main(["--config", str(path), "--host", server, "--out", str(tmp_path / "report")])
-    assert code == 0
-    report = (tmp_path / "report" / "README.md").read_text()
-    assert "| off | 2 |" in report and "| auto | 2 |" in report
-    assert (tmp_path / "report" / "latency_throughput.png").stat().st_size > 10_000

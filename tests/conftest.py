@@ -1,7 +1,6 @@
 """Shared fixtures: a real Ray Serve application on CPU with a tiny saved model (one per session)."""
 import os
 import socket
-from pathlib import Path
 
 import pytest
 import requests
@@ -82,14 +81,7 @@ torch.set_num_threads(2)
 # and not slow and not compile"`, `make test` runs everything. A module states its own tier with `pytestmark`
 # (`compile` sits on the few tests that compile); `serve` is set here, per test, on every test that uses the
 # session's `server` fixture, since a module may mix such tests with ones that start no Ray.
-TESTS = Path(__file__).resolve().parent
-# This module loads the real default model; it is marked `slow` here until it carries its own `pytestmark`.
-PENDING_SLOW = TESTS / "deployments" / "test_default_model.py"
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "server" in item.fixturenames:
             item.add_marker(pytest.mark.serve)
-        if Path(item.path).resolve() == PENDING_SLOW:
-            item.add_marker(pytest.mark.slow)

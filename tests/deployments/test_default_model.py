@@ -9,6 +9,8 @@ from deployments.app import build_app
 from deployments.config import PROJECT_ROOT, AppArgs
 from lookahead_core.models.loading import load_model
 
+pytestmark = pytest.mark.slow  # the real default model
+
 
 def _deploy(args: dict, name: str, prefix: str, url: str) -> str:
     serve.run(build_app(args), name=name, route_prefix=prefix)

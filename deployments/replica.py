@@ -152,11 +152,11 @@ class LookaheadModel:
             yield err
 
     def _observe(self, c: Completion) -> None:
-        steps, n_tok = c.lookahead.steps, c.usage.completion_tokens
+        n_tok = c.usage.completion_tokens
         if c.lookahead.compression is not None:
             self.m_compression.observe(c.lookahead.compression, tags={"lookahead": c.lookahead.mode})
         self.m_ttft.observe(c.timings.ttft_ms)
-        if n_tok > 1 and steps:
+        if n_tok > 1:  # a timed-out request has tokens and timings but no engine figures (steps 0)
             self.m_tpot.observe((c.timings.total_ms - c.timings.ttft_ms) / (n_tok - 1))
         running, waiting = self.async_engine.queue_depth()
         self.m_running.set(running)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.verification import StepOutput
+from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import FinishReason
 
 log = logging.getLogger(__name__)
@@ -18,6 +19,14 @@ log = logging.getLogger(__name__)
 
 class RequestTimeout(TimeoutError):
     """A request outlived its `timeout_s`; it has been ended (as TIMEOUT)."""
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """The most one request may ask of the engine: new tokens, and prompt plus new tokens."""
+
+    max_new_tokens: int
+    max_seq_len: int
 
 
 # ---- commands from callers to the engine thread ------------------------------------------------
@@ -53,13 +62,15 @@ Command = AddCommand | AbortCommand | FinishCommand
 class AsyncEngine:
     """Owns an `Engine` on a dedicated thread, so model forwards never block the event loop.
 
-    Every engine call happens on that thread; callers talk to it through a command queue.
+    Every engine call happens on that thread; callers talk to it through a command queue, and
+    read what they need of its frozen config through `limits` and `resolve`, never through `engine`.
     A step that raises fails the requests in flight and the engine starts clean; `failing_after`
     such steps in a row make `health_error` say the engine cannot step (the replica gets replaced).
     """
 
     def __init__(self, engine: Engine, failing_after: int = 3) -> None:
         self.engine = engine
+        self.limits = EngineLimits(engine.config.max_new_tokens, engine.max_seq_len)
         self.failing_after = failing_after
         self.failed_steps = 0  # consecutive steps that raised
         self.last_error: str | None = None
@@ -110,11 +121,17 @@ class AsyncEngine:
             if not done:
                 self.abort(seq_id)
 
+    def resolve(self, request: EngineRequest) -> LookaheadParams | None:
+        """The (N, W, G) the request runs; ValueError past the engine's limits. Safe from any
+        thread: `Engine.resolve` reads the request and the engine's frozen config only."""
+        return self.engine.resolve(request)
+
     def abort(self, seq_id: str | int) -> None:
         self._submit(AbortCommand(seq_id))
 
     def finish(self, seq_id: str | int, reason: FinishReason, kept: int | None = None) -> None:
-        """End a request for the caller's reason, its text kept up to `kept` new tokens (`Engine.finish`)."""
+        """End a request for the caller's reason, its text kept up to `kept` new tokens (`Engine.finish`).
+        Its stream still ends with an output that has the finish reason and the request's stats."""
         self._submit(FinishCommand(seq_id, reason, kept))
 
     def queue_depth(self) -> tuple[int, int]:
@@ -147,6 +164,17 @@ class AsyncEngine:
     # ---- engine thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:  # a caller waiting on its admission or its stream must hear, not wait forever
+            error = RuntimeError("the engine thread stopped")
+            while self._commands:
+                cmd = self._commands.popleft()
+                if isinstance(cmd, AddCommand):
+                    _call_soon(cmd.loop, _settle, cmd.accepted, error)
+            self._end_streams(error)
+
+    def _loop(self) -> None:
         engine = self.engine
         while not self._stopping:
             self._drain_commands()
@@ -198,8 +226,10 @@ class AsyncEngine:
                 self._submit(AbortCommand(seq_id))
 
     def _fail_all(self, exc: Exception) -> None:
-        error = RuntimeError(f"engine step failed: {exc}")
         self.engine.abort_all()
+        self._end_streams(RuntimeError(f"engine step failed: {exc}"))
+
+    def _end_streams(self, error: RuntimeError) -> None:
         for seq_id in list(self._streams):
             self._deliver(seq_id, error, final=True)
 

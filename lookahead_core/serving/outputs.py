@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from lookahead_core.engine.sequence_stats import SequenceStats
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import FinishReason
 from lookahead_core.lookahead.tree import SOURCE_NAMES
@@ -58,7 +59,8 @@ class Delta:
 class LookaheadSummary:
     """What a request ran: its (N, W, G) (for "auto": the engine's setting), its steps of each kind
     (plain, verify, full), their mean width in rows, the tokens each step bought, and per
-    candidate source the tree rows it put in those steps and how many were accepted."""
+    candidate source the tree rows it put in those steps and how many were accepted. All as the
+    engine counted them: tokens a stop string cut from the text still count, their steps ran."""
 
     mode: LookaheadMode
     n: int | None
@@ -71,17 +73,17 @@ class LookaheadSummary:
     sources: dict[str, dict[str, int]] = field(default_factory=dict)  # {source: {"proposed": rows, "accepted": rows}}
 
     @classmethod
-    def of(cls, mode: LookaheadMode, params: LookaheadParams | None, steps_by_kind: dict[str, int], rows: int,
-           tokens: int, proposed: Sequence[int] = (), accepted: Sequence[int] = ()) -> LookaheadSummary:
-        """`proposed` / `accepted`: tree rows per `Source` value, summed over the request's steps."""
+    def of(cls, mode: LookaheadMode, params: LookaheadParams | None, stats: SequenceStats | None) -> LookaheadSummary:
+        """The engine's count of the request (`SequenceStats`, on its last output). None where the
+        request ended before the engine reported it (its deadline passed, a step failed after a
+        stop string): no steps counted, compression and mean width null, no kinds or sources."""
         n, w, g = (params.n, params.w, params.g) if params is not None else (None, None, None)
-        steps = sum(steps_by_kind.values())
-        sources = {name: {"proposed": p, "accepted": a}
-                   for name, p, a in zip(SOURCE_NAMES, proposed or [0] * len(SOURCE_NAMES),
-                                         accepted or [0] * len(SOURCE_NAMES), strict=True) if p}
-        return cls(mode, n, w, g, steps, round(tokens / steps, 3) if steps else None, dict(steps_by_kind),
-                   round(rows / steps, 2) if steps else None, sources)
-
+        if stats is None or not stats.steps:
+            return cls(mode, n, w, g, 0, None, {}, None, {})
+        sources = {name: {"proposed": stats.proposed[name], "accepted": stats.accepted_from.get(name, 0)}
+                   for name in SOURCE_NAMES if stats.proposed.get(name)}
+        return cls(mode, n, w, g, stats.steps, round(stats.compression, 3), dict(stats.steps_by_kind),
+                   round(stats.mean_width, 2), sources)
 
     def without(self, sources: Collection[str]) -> LookaheadSummary:
         """This summary with those sources' rows left out of `sources`."""

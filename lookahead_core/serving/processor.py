@@ -5,7 +5,6 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Iterable
 
 from jinja2 import TemplateError
@@ -15,8 +14,9 @@ from lookahead_core.engine.async_engine import AsyncEngine, RequestTimeout
 from lookahead_core.engine.engine import EngineOverloaded
 from lookahead_core.engine.logprobs import TokenLogprob
 from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.sequence_stats import SequenceStats
+from lookahead_core.engine.verification import StepOutput
 from lookahead_core.lookahead.stopping import FinishReason, StopCondition
-from lookahead_core.lookahead.tree import Source
 from lookahead_core.serving.outputs import (
     Completion,
     Delta,
@@ -184,8 +184,8 @@ class RequestProcessor:
                        engine: AsyncEngine) -> AsyncIterator[Delta | Completion]:
         t0 = time.perf_counter()
         try:
-            ereq = self.engine_request(req, prompt, engine.engine.config.max_new_tokens, engine.engine.max_seq_len)
-            params = engine.engine.resolve(ereq)  # the engine config is immutable: safe from this thread
+            ereq = self.engine_request(req, prompt, engine.limits.max_new_tokens, engine.limits.max_seq_len)
+            params = engine.resolve(ereq)
         except (ValueError, TypeError) as exc:
             raise RequestError(400, str(exc)) from None
         timeout_s = self.timeout(req)
@@ -194,9 +194,8 @@ class RequestProcessor:
         tokens: list[int] = []
         logprobs: list[Logprob] | None = None if req.logprobs is None else []
         echoed = ""
-        kinds: Counter[str] = Counter()
-        tree_rows = ([0] * len(Source), [0] * len(Source))  # proposed, accepted, per candidate source
-        rows, ttft, reason, first = 0, None, None, True
+        stats: SequenceStats | None = None  # the engine's count, on the request's last output
+        ttft, reason, first = None, None, True
         try:
             async for out in stream:
                 if req.echo and first:
@@ -206,14 +205,6 @@ class RequestProcessor:
                     yield Delta((), echoed, index, lps, Usage(len(prompt), 0))
                 first = False
                 if out.tokens:
-                    assert out.kind is not None, "a step that accepted tokens has a kind"
-                    kinds[out.kind.name.lower()] += 1
-                    rows += out.width
-                    if out.sources is not None:
-                        proposed, accepted = out.sources
-                        for src, (p, a) in enumerate(zip(proposed, accepted, strict=True)):
-                            tree_rows[0][src] += p
-                            tree_rows[1][src] += a
                     ttft = ttft if ttft is not None else time.perf_counter() - t0
                     delta, hit = text.push(out.tokens)
                     # A step may accept tokens past a stop string: they are cut, from the text and
@@ -223,13 +214,15 @@ class RequestProcessor:
                     lps = None if logprobs is None else self._logprobs(out.logprobs, step_tokens)
                     if logprobs is not None and lps is not None:
                         logprobs.extend(lps)
-                    yield Delta(tuple(step_tokens), delta, index, lps, Usage(len(prompt), len(tokens)))
-                    if hit:
+                    if hit:  # the engine hears before the client reads: fewer steps run past the stop
                         reason = FinishReason.STOP
                         engine.finish(ereq.request_id, reason, len(tokens))
+                    yield Delta(tuple(step_tokens), delta, index, lps, Usage(len(prompt), len(tokens)))
+                    if hit:  # unless the engine had ended it in this very step, its count comes next
+                        stats = out.stats if out.finish_reason is not None else await _final_stats(stream)
                         break
                 if out.finish_reason is not None:
-                    reason = out.finish_reason
+                    reason, stats = out.finish_reason, out.stats
                     break
         except EngineOverloaded as exc:
             raise RequestError(503, f"replica overloaded: {exc}", code="overloaded") from None
@@ -258,8 +251,21 @@ class RequestProcessor:
             token_ids=tuple(tokens),
             finish_reason=reason if reason is not None else FinishReason.ABORT,
             usage=Usage(len(prompt), len(tokens)),
-            lookahead=LookaheadSummary.of(req.mode, params, kinds, rows, len(tokens), *tree_rows),
+            lookahead=LookaheadSummary.of(req.mode, params, stats),
             timings=Timings(round(1000 * (ttft if ttft is not None else total), 2), round(1000 * total, 2)),
             index=index,
             logprobs=None if logprobs is None else tuple(logprobs),
         )
+
+
+async def _final_stats(stream: AsyncIterator[StepOutput]) -> SequenceStats | None:
+    """The engine's count of a request the caller ended (`AsyncEngine.finish`), from the output
+    with its finish reason (a step or two away; outputs before it are past the end and dropped).
+    None where the stream ends without it: its deadline passed, a step failed, the engine stopped."""
+    try:
+        async for out in stream:
+            if out.finish_reason is not None:
+                return out.stats
+    except (RequestTimeout, RuntimeError):
+        pass
+    return None

@@ -5,9 +5,10 @@ import time
 import pytest
 
 from lookahead_core import LookaheadParams
-from lookahead_core.engine.async_engine import AsyncEngine
+from lookahead_core.engine.async_engine import AsyncEngine, EngineLimits
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
+from lookahead_core.lookahead.stopping import FinishReason
 from lookahead_core.models.random_models import build_random_model
 from tests.fixtures import wait_until
 from tests.lookahead_core.helpers import req, well_conditioned_cases
@@ -161,3 +162,50 @@ def test_an_engine_whose_steps_all_raise_reports_itself_failing():
     finally:
         front.shutdown()
     assert front.health_error() == "the engine thread is not running"
+
+
+def test_callers_get_the_limits_and_the_lookahead_a_request_runs_without_the_engine(setup):
+    engine, _ = setup
+    assert engine.limits == EngineLimits(max_new_tokens=512, max_seq_len=engine.engine.max_seq_len)
+    assert engine.resolve(req("r", [5], 4)) is None
+    assert engine.resolve(req("r", [5], 4, "auto")) == engine.engine.config.lookahead
+    assert engine.resolve(req("r", [5], 4, LookaheadParams(3, 2, 2))) == LookaheadParams(3, 2, 2)
+    with pytest.raises(ValueError, match="n=99 exceeds"):
+        engine.resolve(req("r", [5], 4, LookaheadParams(99, 2, 2)))
+
+
+def test_a_request_the_caller_finished_still_ends_with_the_engines_count(setup):
+    """After `finish`, the stream goes on to an output with the finish reason and the request's
+    stats: every step it ran, those past the caller's end included."""
+    engine, cases = setup
+
+    async def main():
+        outs = []
+        async for out in engine.generate(req("fin", cases[2][0], 500, LookaheadParams(3, 2, 2))):
+            outs.append(out)
+            if len(outs) == 2:
+                engine.finish("fin", FinishReason.STOP, kept=1)
+        return outs
+
+    outs = asyncio.run(asyncio.wait_for(main(), 30))
+    last = outs[-1]
+    assert last.finish_reason == "stop" and last.stats is not None and len(outs) < 500
+    assert last.stats.steps == sum(1 for o in outs if o.tokens) >= 2
+    assert last.stats.new_tokens == sum(len(o.tokens) for o in outs)
+
+
+def test_shutdown_ends_the_streams_it_leaves_open():
+    """A caller reading a stream when the engine stops hears so, instead of waiting forever."""
+    front = AsyncEngine(Engine(build_random_model("llama"), EngineConfig(max_batch=1, prefill_chunk=16,
+                                                                         max_new_tokens=512)))
+
+    async def main():
+        stream = front.generate(req("left", [5, 6, 7], 500))
+        await stream.__anext__()
+        front.shutdown()
+        with pytest.raises(RuntimeError, match="the engine thread stopped"):
+            async for _ in stream:
+                pass
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert not front.alive

@@ -42,6 +42,38 @@ def one_slot(tiny):
     eng.shutdown()
 
 
+class Recording(Engine):
+    """An engine that keeps each request's stats as its last output carries them off the engine thread."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.final: dict = {}
+
+    def step(self):
+        outputs = super().step()
+        self.final.update((out.seq_id, out.stats) for out in outputs if out.finish_reason is not None)
+        return outputs
+
+
+class PublicOnly:
+    """An AsyncEngine as a caller may use it: its limits, resolve, generate and finish, never its Engine."""
+
+    def __init__(self, front: AsyncEngine) -> None:
+        self._front = front
+
+    def __getattr__(self, name):
+        assert name in ("limits", "resolve", "generate", "finish"), f"the processor reached AsyncEngine.{name}"
+        return getattr(self._front, name)
+
+
+@pytest.fixture(scope="module")
+def recording(tiny):
+    eng = AsyncEngine(Recording(tiny[0], EngineConfig(max_batch=4, max_seq_len=1024, max_new_tokens=LONG,
+                                                      prefill_chunk=32)))
+    yield eng
+    eng.shutdown()
+
+
 @pytest.fixture(scope="module")
 def proc(tiny):
     return RequestProcessor(tiny[1], eos_token_ids=[1], limits=RequestLimits(max_prompt_tokens=100, request_timeout_s=60),
@@ -184,6 +216,8 @@ def test_timeouts_partial_408_and_504(proc, one_slot, tiny):
     part = run(proc, long_req(timeout_s=0.2), one_slot)
     assert isinstance(part, list) and part[-1].finish_reason == "timeout"
     assert 0 < part[-1].usage.completion_tokens < LONG
+    # the engine's count comes after the deadline, which does not wait for it: no figures claimed
+    assert (part[-1].lookahead.steps, part[-1].lookahead.compression, part[-1].lookahead.steps_by_kind) == (0, None, {})
     capped = RequestProcessor(tiny[1], limits=RequestLimits(request_timeout_s=0.1))
 
     async def main():
@@ -225,6 +259,8 @@ def test_overload_is_a_503_and_abort_stays_abort(proc, one_slot):
     err, rest = asyncio.run(main())
     assert err.status == 503 and "overloaded" in err.message
     assert isinstance(rest[-1], Completion) and rest[-1].finish_reason == "abort"
+    # the engine's count of an aborted request: every step it streamed (the first item was read above)
+    assert rest[-1].lookahead.steps == 1 + sum(1 for d in rest[:-1] if d.token_ids)
 
 
 class FailsOnce(Engine):
@@ -353,5 +389,68 @@ def test_a_prompt_near_the_context_end_naming_no_budget_gets_the_room_left(tiny,
         assert isinstance(done, Completion) and len(done.token_ids) == 40
         refused = run(proc, ServeRequest(input_ids=prompt, max_new_tokens=41), eng)
         assert isinstance(refused, RequestError) and refused.status == 400 and "100 tokens" in refused.message
+    finally:
+        eng.shutdown()
+
+
+def assert_summary_is(done, stats):
+    """The completion's summary is the engine's count, figure for figure."""
+    assert stats is not None and stats.steps >= 1
+    s = done.lookahead
+    assert (s.steps, s.steps_by_kind) == (stats.steps, stats.steps_by_kind)
+    assert (s.compression, s.mean_width) == (round(stats.compression, 3), round(stats.mean_width, 2))
+    assert s.sources == {name: {"proposed": p, "accepted": stats.accepted_from.get(name, 0)}
+                         for name, p in stats.proposed.items()}
+
+
+@pytest.mark.parametrize(("name", "lookahead"), [("off", "off"), ("wide", LookaheadParams(4, 3, 3, adapt=False))])
+def test_the_summary_is_the_engines_count_of_the_request_also_when_a_stop_string_cut_it(proc, recording, tiny, name,
+                                                                                         lookahead):
+    """One tally: the summary is the request's `SequenceStats`, including the tokens a stop string
+    cut (the steps that accepted them ran). The processor reaches the engine only through the
+    AsyncEngine's public surface."""
+    front, final = PublicOnly(recording), recording.engine.final
+    base = {"prompt": "def add(a, b):", "max_new_tokens": 48, "ignore_eos": True, "lookahead": lookahead}
+    whole = run(proc, ServeRequest(**base, request_id=f"whole-{name}"), front)
+    assert not isinstance(whole, RequestError), whole
+    assert_summary_is(check_items(whole, tiny[1]), final[f"whole-{name}"])
+    text = whole[-1].text
+    stop = text[20:23]
+    cut = run(proc, ServeRequest(**base, stop=(stop,), request_id=f"cut-{name}"), front)[-1]
+    assert cut.finish_reason == "stop" and cut.text == text[: text.index(stop)]
+    stats = final[f"cut-{name}"]
+    assert_summary_is(cut, stats)
+    if name == "wide":  # the step that completed the stop accepted more: a recount of the kept tokens differs
+        assert stats.new_tokens > cut.usage.completion_tokens
+
+
+class FailsAfterFinish(Engine):
+    """The step after a caller ended a request raises: that request's count never comes."""
+
+    ended = False
+
+    def finish(self, *args, **kwargs):
+        self.ended = True
+        return super().finish(*args, **kwargs)
+
+    def step(self):
+        if self.ended:
+            self.ended = False
+            raise RuntimeError("boom")
+        return super().step()
+
+
+def test_a_stop_string_then_a_failed_step_is_the_cut_text_without_figures(proc, tiny):
+    """The text was complete at the stop string: a step failing before the engine's count came
+    leaves the completion standing, claiming no figures, rather than a 500 or a wait."""
+    eng = AsyncEngine(FailsAfterFinish(tiny[0], EngineConfig(max_batch=1, max_seq_len=256, max_new_tokens=64)))
+    base = {"prompt": "abc", "max_new_tokens": 48, "ignore_eos": True, "lookahead": "off"}
+    try:
+        text = run(proc, ServeRequest(**base), eng)[-1].text
+        cut = run(proc, ServeRequest(**base, stop=(text[20:23],)), eng)
+        assert isinstance(cut, list) and cut[-1].finish_reason == "stop", cut
+        assert cut[-1].text == text[: text.index(text[20:23])] and cut[-1].usage.completion_tokens > 0
+        summary = cut[-1].lookahead
+        assert (summary.steps, summary.compression, summary.steps_by_kind, summary.mean_width) == (0, None, {}, None)
     finally:
         eng.shutdown()

@@ -32,8 +32,8 @@ def _route_path(scope) -> str:
 
 
 class RequestGuard:
-    """Pure ASGI middleware; reads its `GuardConfig` from `app.state.guard` (set by the ingress
-    replica at start-up, since the FastAPI app object exists before the config is known)."""
+    """Pure ASGI middleware; reads its `GuardConfig` from `app.state.guard` (the ingress replica
+    builds its app at start-up and sets it there)."""
 
     def __init__(self, app) -> None:
         self.app = app

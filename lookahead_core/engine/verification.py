@@ -31,7 +31,6 @@ class StepOutput:
     stats: SequenceStats | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output; the first token has none
-    sources: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # tree rows by `Source`: (proposed, accepted)
 
 
 def update(plan: StepPlan, pred: list[list[int]], logits: torch.Tensor, cache: BatchKVCache) -> list[StepOutput]:
@@ -60,7 +59,7 @@ def update(plan: StepPlan, pred: list[list[int]], logits: torch.Tensor, cache: B
             dst.extend(range(start + 1, start + 1 + len(verdict.kv_rows)))
         lengths[b] = start + len(verdict.tokens)
         out = StepOutput(seq.seq_id, verdict.tokens, seq.finish_reason, span.choice.kind, span.width,
-                         seq.stats if seq.finished else None, sources=verdict.sources)
+                         seq.stats if seq.finished else None)
         if seq.logprobs is not None:
             out.logprobs = token_logprobs(logits[b], [0, *verdict.kv_rows], verdict.tokens, seq.logprobs)
         if seq.prompt_lp is not None:

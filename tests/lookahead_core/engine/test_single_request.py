@@ -7,7 +7,7 @@ import pytest
 
 from lookahead_core import LookaheadParams
 from lookahead_core.engine.generation import single_request_engine
-from lookahead_core.engine.planner import StepPlanner
+from lookahead_core.engine.planner import StepPlanner, offer
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.pacing import StepChoice, StepKind
 from lookahead_core.models.random_models import build_random_model
@@ -66,9 +66,11 @@ def test_every_step_kind_stays_exact(model_and_cases):
     kinds = itertools.cycle([StepKind.FULL, StepKind.VERIFY, StepKind.PLAIN, StepKind.VERIFY, StepKind.VERIFY, StepKind.FULL])
 
     class Cycling(StepPlanner):
-        def plan(self, offers, waiting=0):
+        def plan(self, drafts, row_price, waiting=0):
+            offers = [offer(d, row_price) for d in drafts]
             wanted = [next(kinds) for _ in offers]
-            return [StepChoice(k if any(opt.kind is k for opt in o.menu) else StepKind.PLAIN) for k, o in zip(wanted, offers)]
+            wanted = [k if any(opt.kind is k for opt in o.menu) else StepKind.PLAIN for k, o in zip(wanted, offers)]
+            return [StepChoice(k, rows=o.full_rows if k is StepKind.FULL else None) for k, o in zip(wanted, offers)]
 
     model, cases = model_and_cases
     seen = set()

@@ -11,7 +11,7 @@ from lookahead_core import LookaheadParams, SamplingParams, generate
 from lookahead_core.engine import verification
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.planner import StepPlanner
+from lookahead_core.engine.planner import StepPlanner, offer
 from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.ngram_pool import NGramPool
@@ -214,9 +214,9 @@ def test_engine_lookahead_sampling_follows_the_model_distribution(model, logits_
 
 
 class VerifyOnly(StepPlanner):
-    def plan(self, offers, waiting=0):
+    def plan(self, drafts, row_price, waiting=0):
         return [StepChoice(StepKind.VERIFY if any(opt.kind is StepKind.VERIFY for opt in o.menu) else StepKind.PLAIN)
-                for o in offers]
+                for o in (offer(d, row_price) for d in drafts)]
 
 
 def test_steps_without_the_window_sample_the_model_distribution(model, logits_table):
@@ -254,12 +254,13 @@ def test_a_step_draws_only_the_rows_its_walk_reaches(model, monkeypatch):
     engine = Engine(model, EngineConfig(max_batch=1, max_new_tokens=48, max_n=N, max_w=2, max_g=G))
     engine.add_request(req(0, [5, 0, 1, 5], 40, LookaheadParams(N, 2, G, adapt=False), sampling=s))
     engine._seqs[0].drafter.pool.add_sequence(POOL_SEED * 3)
-    tokens, ran = [], 0
+    tokens, stats = [], None
     while engine.has_work():
         for o in engine.step():
             tokens += o.tokens
-            ran += 1 + (sum(o.sources[0]) if o.sources is not None else 0)  # the last token's row and the tree's
+            stats = o.stats or stats
     assert tokens == plain
+    ran = stats.steps + sum(stats.proposed.values())  # each step's last-token row and its tree's
     # one row per token accepted; the last step may draw past the 40th token and cut there
     assert len(tokens) <= sum(drawn_rows) <= len(tokens) + N + G
     assert sum(drawn_rows) < ran / 2, (sum(drawn_rows), ran)  # drawing every row ran would draw `ran`

@@ -77,8 +77,8 @@ class CompileThrottle:
     call in between; 0 makes it wait until the engine is idle.
 
     Compiling is Python and holds the GIL; each op of an eager step beside it waits up to the
-    switch interval for it (a forward beside a busy Python thread: 24x slower at the default 5 ms,
-    still 2.4-3.8x at 1-100 us on 2 cores), so it must yield; but a replica that is never idle
+    switch interval for it (a forward beside a busy Python thread runs many times slower, whatever
+    the interval), so it must yield; but a replica that is never idle
     still gets its compiled steps. An engine that stops stepping (`owner.beat` unchanged for 1 s)
     may wait on a lock this thread holds (logging, an import): then the compile runs on until the
     engine steps again.

@@ -38,7 +38,7 @@ class Engine:
     """Synchronous engine: `add_request`, `step`, `abort`, `queue_depth`.
 
     Each step runs at most one prefill chunk (for the sequence being admitted) and one decode
-    forward over every running sequence, each with its own row, padded to the widest. The
+    forward over every running sequence, each with its own span, padded to the widest. The
     scheduler decides which sequence holds which KV slot; the engine applies its slot moves.
     """
 
@@ -145,10 +145,7 @@ class Engine:
         if len(req.prompt) + new > self.max_seq_len:
             raise ValueError(f"prompt of {len(req.prompt)} tokens plus max_new_tokens={new} exceeds this engine's "
                              f"limit of {self.max_seq_len} tokens")
-        self.runner.check_tokens(req.prompt)
-        top = max(req.logprobs or 0, req.prompt_logprobs or 0)
-        if top > self.runner.vocab_size:
-            raise ValueError(f"{top} logprobs per token exceed the model's vocabulary of {self.runner.vocab_size} tokens")
+        self.runner.check_tokens(req.prompt, max(req.logprobs or 0, req.prompt_logprobs or 0))
         # Requests that will get a free slot at the next step are not "waiting"; a burst that
         # arrives between two steps must not be refused while slots are free.
         sched = self.scheduler
@@ -215,28 +212,32 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
-        """Schedule (retire, admit, one prefill chunk), plan, execute one decode forward, update."""
+        """Schedule (retire, admit, one prefill chunk), plan, execute one decode forward, update.
+        A prompt the chunk completed has its first token from the prefill and decodes from the
+        next step, so that token waits for no decode forward."""
         t0 = time.perf_counter()
         outputs, self._finished_early = self._finished_early, []
         self._retire()
-        self.prefiller.run()
-        if self.scheduler.running:
-            plan = self._plan()
+        fresh = self.prefiller.run()
+        outputs.extend(fresh)
+        decoding = len(self.scheduler.running) - len(fresh)  # a fresh sequence holds the last slot
+        if decoding:
+            plan = self._plan(decoding)
             pred, logits = self._execute(plan)
             outputs.extend(update(plan, pred, logits, self.cache))
-            self._retire()
+        self._retire()
         self.steps += 1
         self.step_s += time.perf_counter() - t0
         if self.compiled is not None:
             self.compiled.busy, self.compiled.beat = self.has_work(), self.steps
         return outputs
 
-    def _plan(self) -> StepPlan:
-        """Each running request drafts at the planner's row price, the planner picks each kind,
-        and each request writes its span of the step's tokens."""
+    def _plan(self, batch: int) -> StepPlan:
+        """Each of the first `batch` running requests drafts at the planner's row price, the planner
+        picks each kind, and each request writes its span of the step's tokens."""
         sched, ids = self.scheduler, self.buffers.ids
-        running = list(sched.running)
-        waiting = len(sched.waiting) + (sched.prefilling is not None)
+        running = sched.running[:batch]
+        waiting = len(sched.waiting) + (sched.prefilling is not None) + len(sched.running) - batch  # the fresh too
         price = self.planner.row_price(len(running) + waiting)
         drafts = [seq.drafter.draft(seq.tokens, price) if seq.drafter is not None else None for seq in running]
         choices = self.planner.plan(drafts, price, waiting)

@@ -53,7 +53,7 @@ def single_request_engine(model: torch.nn.Module | ModelRunner, prompt_len: int,
     runner.check_length(prompt_len + max_new_tokens)
     p = params or LookaheadParams(2, 1, 0, lookup=0)
     config = EngineConfig(max_batch=1, max_seq_len=max(2, prompt_len + max_new_tokens), max_new_tokens=max_new_tokens,
-                          prefill_chunk=max(1, prompt_len - 1), max_waiting=0, max_n=p.n, max_w=p.w, max_g=p.g,
+                          prefill_chunk=max(1, prompt_len), max_waiting=0, max_n=p.n, max_w=p.w, max_g=p.g,
                           max_lookup=p.lookup, max_successors=p.successors, lookahead=p, shared_pool_cap=0,
                           history_tokens=0)
     return Engine(runner, config)

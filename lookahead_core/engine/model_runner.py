@@ -58,10 +58,13 @@ class ModelRunner:
         self._layouts.move_to_end(key)
         return lay
 
-    def check_tokens(self, tokens: Sequence[int]) -> None:
+    def check_tokens(self, tokens: Sequence[int], top_logprobs: int = 0) -> None:
+        """Token ids, and the logprobs asked per token, within the vocabulary."""
         bad = next((t for t in tokens if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {self.vocab_size})")
+        if top_logprobs > self.vocab_size:
+            raise ValueError(f"{top_logprobs} logprobs per token exceed the model's vocabulary of {self.vocab_size} tokens")
 
     def check_length(self, total_tokens: int) -> None:
         if self.context_length is not None and total_tokens > self.context_length:

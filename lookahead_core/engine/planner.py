@@ -1,7 +1,6 @@
 """The one owner of a step's width: the price of a row, each request's menu from its draft, one rule picks."""
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -88,9 +87,7 @@ class StepPlanner:
 
         cap = batch_width(menus, ratio, floor, fits_batch if self.slo_tpot_ms else None) if menus else floor
         widen = len(offers) == 1  # alone: a retry may widen the step, nobody else pays for it
-        choices = [_choice(o, cap, ratio, widen) for o in offers]
-        return [dataclasses.replace(c, rows=o.full_rows) if c.kind is StepKind.FULL else c
-                for c, o in zip(choices, offers)]
+        return [_choice(o, cap, ratio, widen) for o in offers]
 
 
 def _tokens_at(offers: Sequence[Offer], width: int) -> float:
@@ -108,12 +105,14 @@ def _tokens_at(offers: Sequence[Offer], width: int) -> float:
 
 
 def _choice(o: Offer, cap: int, ratio, widen: bool) -> StepChoice:
+    """A whole step keeps the offer's `full_rows`, a VERIFY step its option's rows."""
     if o.pacer is not None:
         assert o.menu is not None  # a paced offer carries its menu
-        return o.pacer.pick(o.menu, o.copied, cap, ratio, widen)
+        c = o.pacer.pick(o.menu, o.copied, cap, ratio, widen)
+        return StepChoice(StepKind.FULL, c.copied, c.to_beat, o.full_rows) if c.kind is StepKind.FULL else c
     if o.menu is None:
         return StepChoice(StepKind.PLAIN if o.width == 1 else StepKind.FULL)
     if o.width <= cap:
-        return StepChoice(StepKind.FULL, o.copied)
+        return StepChoice(StepKind.FULL, o.copied, rows=o.full_rows)
     best = best_option(o.menu, cap)  # a fixed row the SLO does not let run whole
     return StepChoice(best.kind, o.copied, rows=best.rows)

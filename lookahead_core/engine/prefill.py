@@ -1,4 +1,5 @@
-"""Prompts into their KV slots: a stored prefix copied in, the rest one chunk per forward."""
+"""Prompts into their KV slots: a stored prefix copied in, the rest one chunk per forward; the
+first new token from the last chunk's last row."""
 from __future__ import annotations
 
 import time
@@ -12,6 +13,7 @@ from lookahead_core.engine.prefix_cache import PrefixCache
 from lookahead_core.engine.scheduler import Scheduler
 from lookahead_core.engine.sequence import Sequence
 from lookahead_core.engine.step_buffers import BatchStepBuffers
+from lookahead_core.engine.verification import StepOutput, first_token
 from lookahead_core.lookahead.knowledge import ReplicaKnowledge
 
 
@@ -28,36 +30,40 @@ class Prefiller:
         self._causal = torch.full((chunk, chunk), torch.finfo(dtype).min, dtype=dtype, device=device).triu_(1)
         self.seconds = 0.0  # prefill forwards
 
-    def run(self) -> None:
-        # Admit while the next prompt needs no prefill forward (one token, or a stored prefix);
-        # at most one chunk runs.
-        while (job := self.scheduler.next_prefill()) is not None:
-            if job[1] == 0 and self._reuse_prefix(job[0]):
-                continue
-            self._prefill(*job)
-            if job[2] > 0:
-                break
+    def run(self) -> list[StepOutput]:
+        """At most one prefill chunk (after any stored prefix is copied in); the prompt's first new
+        token when the chunk completes it."""
+        job = self.scheduler.next_prefill()
+        if job is not None and job[1] == 0 and self._reuse_prefix(job[0]):
+            job = self.scheduler.next_prefill()  # the rest of the same prompt: at least its last token
+        return [] if job is None else self._prefill(*job)
 
-    def _prefill(self, seq: Sequence, start: int, n: int) -> None:
+    def _prefill(self, seq: Sequence, start: int, n: int) -> list[StepOutput]:
         slot = seq.slot
-        assert slot is not None  # the scheduler admitted it into a slot
+        assert slot is not None and n > 0  # admitted into a slot; a prompt's last token is never stored
         t0 = time.perf_counter()
-        if n > 0:
-            ids = torch.tensor([seq.tokens[start : start + n]], dtype=torch.long, device=self.runner.device)
-            m = self._mask[0, 0]
-            m[:n, start : start + n].copy_(self._causal[:n, :n])
-            self.cache.prepare_slot(slot, start, n)
-            top = seq.prompt_logprobs
-            succ = self.knowledge.successors if self.successor_prefill else None
-            logits = self.runner.prefill(ids, start, self.cache, self._mask[:, :, :n, : start + n],
-                                         all_logits=top is not None or succ is not None)
-            if succ is not None:  # the prompt's own tokens get the successors the model gives them here
-                self.knowledge.observe_prefill(ids[0].cpu().numpy(), logits[0].topk(succ.k, dim=-1).indices.cpu().numpy())
-            m[:n, start : start + n].zero_()
-            if top is not None and seq.prompt_lp is not None:  # row i predicts prompt token start + i + 1
-                seq.prompt_lp += token_logprobs(logits[0], range(n), seq.tokens[start + 1 : start + n + 1], top)
+        ids = torch.tensor([seq.tokens[start : start + n]], dtype=torch.long, device=self.runner.device)
+        m = self._mask[0, 0]
+        m[:n, start : start + n].copy_(self._causal[:n, :n])
+        self.cache.prepare_slot(slot, start, n)
+        top = seq.prompt_logprobs
+        succ = self.knowledge.successors if self.successor_prefill else None
+        logits = self.runner.prefill(ids, start, self.cache, self._mask[:, :, :n, : start + n],
+                                     all_logits=top is not None or succ is not None)
+        if succ is not None:  # the prompt's own tokens get the successors the model gives them here
+            self.knowledge.observe_prefill(ids[0].cpu().numpy(), logits[0].topk(succ.k, dim=-1).indices.cpu().numpy())
+        m[:n, start : start + n].zero_()
+        if top is not None and seq.prompt_lp is not None:  # row i predicts prompt token start + i + 1
+            rows = min(n, seq.prompt_len - 1 - start)
+            seq.prompt_lp += token_logprobs(logits[0], range(rows), seq.tokens[start + 1 : start + rows + 1], top)
+        whole = self._prefilled(seq, slot, start + n, n)
+        if whole and succ is None and (table := self.knowledge.successors) is not None:
+            # the last prompt token's successors, as a decode step feeding it would record them
+            self.knowledge.observe_prefill(ids[0, -1:].cpu().numpy(),
+                                           logits[0, -1:].topk(table.k, dim=-1).indices.cpu().numpy())
+        outputs = [first_token(seq, logits[0, -1:])] if whole else []
         self.seconds += time.perf_counter() - t0
-        self._prefilled(seq, slot, start + n, n)
+        return outputs
 
     def _reuse_prefix(self, seq: Sequence) -> bool:
         """Copy the longest stored prefix of a newly admitted prompt into its slot; True if any.
@@ -70,10 +76,13 @@ class Prefiller:
             self._prefilled(seq, seq.slot, reused, reused)
         return reused > 0
 
-    def _prefilled(self, seq: Sequence, slot: int, length: int, tokens: int) -> None:
-        """`tokens` more of the prompt are in the slot, `length` in all; a prompt now whole starts decoding."""
+    def _prefilled(self, seq: Sequence, slot: int, length: int, tokens: int) -> bool:
+        """`tokens` more of the prompt are in the slot, `length` in all; True when the prompt is whole
+        (the sequence starts decoding)."""
         self.cache.lengths[slot] = length
-        if self.scheduler.prefill_done(tokens) is not None:
-            self.buffers.reset_slot(slot, length)
-            if self.prefixes is not None and length == seq.prompt_len - 1:
-                self.prefixes.store(seq.tokens[:length], self.cache, slot)
+        if self.scheduler.prefill_done(tokens) is None:
+            return False
+        self.buffers.reset_slot(slot, length)
+        if self.prefixes is not None:  # as it is looked up: each prompt but its last token
+            self.prefixes.store(seq.tokens[: seq.prompt_len - 1], self.cache, slot)
+        return True

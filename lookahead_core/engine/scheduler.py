@@ -52,14 +52,14 @@ class Scheduler:
             seq.slot = len(self.running)
             self.prefilled = 0
         seq = self.prefilling
-        remaining = seq.prompt_len - 1 - self.prefilled
+        remaining = seq.prompt_len - self.prefilled
         return seq, self.prefilled, min(remaining, self.prefill_chunk)
 
     def prefill_done(self, tokens: int) -> Sequence | None:
         """Record a prefill chunk; returns the sequence when its prompt is in and it starts running."""
         self.prefilled += tokens
         seq = self.prefilling
-        if seq is None or self.prefilled < seq.prompt_len - 1:
+        if seq is None or self.prefilled < seq.prompt_len:
             return None
         self.prefilling = None
         self.running.append(seq)

@@ -11,7 +11,7 @@ from lookahead_core.engine.logprobs import TokenLogprob, token_logprobs
 from lookahead_core.engine.sequence import Sequence
 from lookahead_core.engine.sequence_stats import SequenceStats
 from lookahead_core.engine.step_plan import StepPlan
-from lookahead_core.lookahead.drafter import Draft, Span
+from lookahead_core.lookahead.drafter import Draft, Span, plain_span
 from lookahead_core.lookahead.pacing import StepKind
 from lookahead_core.lookahead.sampling import SamplingParams, position_uniform, sample_rows
 from lookahead_core.lookahead.stopping import FinishReason
@@ -35,8 +35,8 @@ class StepOutput:
 
 def update(plan: StepPlan, pred: list[list[int]], logits: torch.Tensor, cache: BatchKVCache) -> list[StepOutput]:
     """Each running request takes its verdict (`pred`: the argmax of every step row; sampled
-    requests walk their drawn tokens): its tokens, figures and slot length grow by it, and its
-    drafter learns from it."""
+    requests walk their drawn tokens); its slot's length grows by it and the accepted candidate's
+    rows move right behind the last token."""
     lengths = cache.lengths
     drawn = draw_walks(plan, logits)
     outputs: list[StepOutput] = []
@@ -44,30 +44,51 @@ def update(plan: StepPlan, pred: list[list[int]], logits: torch.Tensor, cache: B
     src: list[int] = []
     dst: list[int] = []
     for b, (seq, draft, span) in enumerate(zip(plan.seqs, plan.drafts, plan.spans)):
-        verdict = verify(draft.tree if draft is not None else None, span.cand_start, pred[b], seq.stop, seq.produced, drawn.get(b))
-        seq.tokens.extend(verdict.tokens)
-        seq.finish_reason = verdict.finish_reason
-        if seq.drafter is not None:
-            seq.drafter.learn(span, verdict, pred[b], seq.tokens)
-        seq.stats.record(span.choice.kind, span.width, len(verdict.tokens))
-        if verdict.sources is not None:
-            seq.stats.record_sources(*verdict.sources)
+        out, kv_rows = settle(seq, draft, span, pred[b], drawn.get(b), logits[b])
         start = lengths[b]
-        if verdict.kv_rows:  # the accepted candidate's rows move right behind the last token
-            slots.extend([b] * len(verdict.kv_rows))
-            src.extend(start + r for r in verdict.kv_rows)
-            dst.extend(range(start + 1, start + 1 + len(verdict.kv_rows)))
-        lengths[b] = start + len(verdict.tokens)
-        out = StepOutput(seq.seq_id, verdict.tokens, seq.finish_reason, span.choice.kind, span.width,
-                         seq.stats if seq.finished else None)
-        if seq.logprobs is not None:
-            out.logprobs = token_logprobs(logits[b], [0, *verdict.kv_rows], verdict.tokens, seq.logprobs)
-        if seq.prompt_lp is not None:
-            out.prompt_logprobs, seq.prompt_lp = seq.prompt_lp, None
+        if kv_rows:
+            slots.extend([b] * len(kv_rows))
+            src.extend(start + r for r in kv_rows)
+            dst.extend(range(start + 1, start + 1 + len(kv_rows)))
+        lengths[b] = start + len(out.tokens)
         outputs.append(out)
     if slots:
         cache.move_entries(slots, src, dst)
     return outputs
+
+
+def first_token(seq: Sequence, logits: torch.Tensor) -> StepOutput:
+    """A prompt's first new token, from the prefill's last row (`logits` [1, V]): its argmax, or
+    for a sampled request the draw at output position 0; a one-token step, so the first token
+    waits for no decode forward."""
+    pred = [int(logits[0].argmax())]
+    drawn = None
+    if seq.sampling is not None:
+        drawn = {0: sample_rows(logits, seq.sampling, [first_draw(seq)])[0]}
+    out, _ = settle(seq, None, plain_span(seq.layout), pred, drawn, logits)
+    return out
+
+
+def settle(seq: Sequence, draft: Draft | None, span: Span, pred: list[int], drawn: dict[int, int] | None,
+           logits: torch.Tensor) -> tuple[StepOutput, list[int]]:
+    """One request's verdict on its span (`logits` [T, V]: its step rows'): its tokens, finish
+    reason and figures grow by it and its drafter learns from it; returns its output and the step
+    rows whose keys and values stay."""
+    verdict = verify(draft.tree if draft is not None else None, span.cand_start, pred, seq.stop, seq.produced, drawn)
+    seq.tokens.extend(verdict.tokens)
+    seq.finish_reason = verdict.finish_reason
+    if seq.drafter is not None:
+        seq.drafter.learn(span, verdict, pred, seq.tokens)
+    seq.stats.record(span.choice.kind, span.width, len(verdict.tokens))
+    if verdict.sources is not None:
+        seq.stats.record_sources(*verdict.sources)
+    out = StepOutput(seq.seq_id, verdict.tokens, seq.finish_reason, span.choice.kind, span.width,
+                     seq.stats if seq.finished else None)
+    if seq.logprobs is not None:
+        out.logprobs = token_logprobs(logits, [0, *verdict.kv_rows], verdict.tokens, seq.logprobs)
+    if seq.prompt_lp is not None:
+        out.prompt_logprobs, seq.prompt_lp = seq.prompt_lp, None
+    return out, verdict.kv_rows
 
 
 def draw_walks(plan: StepPlan, logits: torch.Tensor) -> dict[int, dict[int, int]]:

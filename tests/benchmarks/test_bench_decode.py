@@ -49,8 +49,11 @@ def test_a_pinned_row_price_sets_how_many_tree_rows_a_whole_step_keeps(tiny_mode
         row = report["rows"][1]
         assert row["identical"] == "2/2"
         assert row["host_ms_per_step"] > 0 and report["rows"][0]["host_ms_per_step"] is None  # ours; HF has no steps
-        widths[price] = row["mean_width"]
-    assert widths["100"] == 1 + 2 * 2  # the last token and the window: no candidate row is worth 100 steps
+        kinds = row["steps_by_kind"]
+        steps = sum(kinds.values())
+        assert kinds["plain"] == 2  # each prompt's first token, from its prefill
+        widths[price] = (row["mean_width"] * steps - 2) / (steps - 2)  # the mean width of the whole steps
+    assert widths["100"] == pytest.approx(1 + 2 * 2)  # the last token and the window: no row is worth 100 steps
     assert widths["0"] > widths["100"]
     with pytest.raises(SystemExit):
         bench_decode.main(["--model", str(tiny_model_dir), "--row-price", "0"])  # needs the long-lived engine

@@ -57,10 +57,12 @@ def test_a_repeated_prompt_reuses_all_of_it_but_its_last_token(model):
     prompt = _prompts(1, 30, seed=5)[0]
     engine = Engine(model, EngineConfig(max_batch=1, prefill_chunk=8, max_new_tokens=64, prefix_cache_tokens=128))
     first = _run(engine, "a", prompt)
-    prefill_s = engine.prefill_s
+    chunks = []  # the prefill forwards' lengths
+    prefill = engine.runner.prefill
+    engine.runner.prefill = lambda ids, *args, **kw: chunks.append(ids.shape[1]) or prefill(ids, *args, **kw)
     assert _run(engine, "b", prompt) == first == hf_greedy(model, prompt, MAX_NEW, **NO_EOS)
     assert engine.prefixes.status()["reused_tokens"] == len(prompt) - 1
-    assert engine.prefill_s == prefill_s  # no prefill forward ran for the repeat
+    assert chunks == [1]  # the repeat prefilled its last token alone, for its first new token
 
 
 def test_off_and_prompt_logprobs_prefill_in_full(model):

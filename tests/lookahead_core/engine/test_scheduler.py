@@ -14,7 +14,7 @@ def _seq(i, n_prompt, params=None):
 
 def test_prefill_in_chunks_then_running():
     s = Scheduler(max_batch=2, prefill_chunk=4)
-    a = _seq("a", 10)  # 9 tokens to prefill: 4 + 4 + 1
+    a = _seq("a", 9)  # 9 tokens to prefill (the last one gives the first new token): 4 + 4 + 1
     s.add(a)
     assert s.next_prefill() == (a, 0, 4) and a.slot == 0
     assert s.prefill_done(4) is None
@@ -25,12 +25,12 @@ def test_prefill_in_chunks_then_running():
     assert s.running == [a] and s.prefilling is None
 
 
-def test_one_token_prompt_needs_no_prefill_forward():
+def test_a_one_token_prompt_prefills_its_token():
     s = Scheduler(max_batch=2, prefill_chunk=4)
     a = _seq("a", 1)
     s.add(a)
-    assert s.next_prefill() == (a, 0, 0)
-    assert s.prefill_done(0) is a
+    assert s.next_prefill() == (a, 0, 1)
+    assert s.prefill_done(1) is a
 
 
 def test_fifo_and_slot_limit():

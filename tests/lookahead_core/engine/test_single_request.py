@@ -17,10 +17,11 @@ VOCAB = 512
 MAX_NEW = 32
 
 
-def _decode(model, prompt, params, max_new, eos=(), oracle=None, planner=None):
+def _decode(model, prompt, params, max_new, eos=(), oracle=None, planner=None, row_price=None):
     engine = single_request_engine(model, len(prompt), max_new, params)
     if planner is not None:
         engine.planner = planner
+    engine.planner.pinned_price = row_price
     engine.add_request(req(0, prompt, max_new, params, eos))
     seq = engine._seqs[0]
     if oracle is not None:
@@ -53,7 +54,9 @@ def model_and_cases(request):
 def test_oracle_pool_accepts_long_blocks_and_stays_exact(model_and_cases, n, w, g):
     model, cases = model_and_cases
     for prompt, ref, oracle in cases:
-        dec, blocks = _decode(model, prompt, LookaheadParams(n, w, g, successors=0), MAX_NEW, oracle=oracle)
+        # every step whole with every row: the pool alone decides the blocks, not the host's timings
+        dec, blocks = _decode(model, prompt, LookaheadParams(n, w, g, successors=0, adapt=False), MAX_NEW,
+                              oracle=oracle, row_price=0.0)
         assert dec.new_tokens == ref
         assert max(len(b) for b in blocks) == n
         # Nearly every step takes a full block; the pool's own harvests may evict a few.
@@ -85,17 +88,21 @@ def test_every_step_kind_stays_exact(model_and_cases):
     assert seen == {StepKind.FULL, StepKind.VERIFY, StepKind.PLAIN}
 
 
+# every step whole with every row: a rerun steps as the first run did, whatever the host's timings
+WHOLE = LookaheadParams(5, 3, 6, adapt=False)
+
+
 def test_eos_inside_an_accepted_block(model_and_cases):
     model, cases = model_and_cases
-    params = LookaheadParams(5, 3, 6)
+    params = WHOLE
     checked = 0
     for prompt, ref, oracle in cases:
-        _, blocks = _decode(model, prompt, params, MAX_NEW, oracle=oracle)
+        _, blocks = _decode(model, prompt, params, MAX_NEW, oracle=oracle, row_price=0.0)
         offset = 0
         for block in blocks:
             if len(block) >= 3 and block[1] not in ref[: offset + 1]:
                 eos = block[1]
-                dec, cut_blocks = _decode(model, prompt, params, MAX_NEW, eos=[eos], oracle=oracle)
+                dec, cut_blocks = _decode(model, prompt, params, MAX_NEW, eos=[eos], oracle=oracle, row_price=0.0)
                 assert dec.new_tokens == ref[: offset + 2]
                 assert dec.new_tokens == hf_greedy(model, prompt, MAX_NEW, eos_token_id=eos)
                 assert dec.finish_reason == "eos" and cut_blocks[-1] == block[:2]
@@ -108,11 +115,11 @@ def test_eos_inside_an_accepted_block(model_and_cases):
 def test_length_limit_inside_an_accepted_block(model_and_cases):
     model, cases = model_and_cases
     prompt, ref, oracle = cases[0]
-    params = LookaheadParams(5, 3, 6)
-    _, blocks = _decode(model, prompt, params, MAX_NEW, oracle=oracle)
+    params = WHOLE
+    _, blocks = _decode(model, prompt, params, MAX_NEW, oracle=oracle, row_price=0.0)
     first_long = next(i for i, b in enumerate(blocks) if len(b) >= 3)
     limit = sum(len(b) for b in blocks[:first_long]) + 2
-    dec, cut_blocks = _decode(model, prompt, params, limit, oracle=oracle)
+    dec, cut_blocks = _decode(model, prompt, params, limit, oracle=oracle, row_price=0.0)
     assert dec.new_tokens == ref[:limit] and dec.finish_reason == "length"
     assert len(cut_blocks[-1]) == 2
 

@@ -297,7 +297,8 @@ def test_auto_reports_the_engines_setting_and_what_the_request_ran(proc, engine)
 
 def test_the_summary_reports_each_candidate_sources_rows(proc, engine):
     """Per source, the tree rows it put in the request's steps and how many of them were accepted:
-    the accepted rows are the tokens beyond one per wide step."""
+    the accepted rows are the tokens beyond one per step. Every step but the first (the prefill's
+    token) is wide."""
     params = LookaheadParams(3, 2, 2, adapt=False)
     done = run(proc, ServeRequest(prompt="def f(x): return x\ndef f(x):", max_new_tokens=16, ignore_eos=True,
                                   lookahead=params), engine)[-1]
@@ -305,7 +306,8 @@ def test_the_summary_reports_each_candidate_sources_rows(proc, engine):
     assert sources and set(sources) <= {"lookup", "pool", "shared", "successors", "history"}
     assert all(0 <= c["accepted"] <= c["proposed"] for c in sources.values())
     wide = sum(n for kind, n in done.lookahead.steps_by_kind.items() if kind != "plain")
-    assert sum(c["accepted"] for c in sources.values()) == 16 - done.lookahead.steps and wide == done.lookahead.steps
+    assert sum(c["accepted"] for c in sources.values()) == 16 - done.lookahead.steps
+    assert done.lookahead.steps_by_kind["plain"] == 1 and wide == done.lookahead.steps - 1
 
 
 def test_a_stop_string_completed_mid_step_cuts_ids_usage_and_logprobs_as_off(proc, engine, tiny):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from lookahead_core.engine.kv_cache import BatchKVCache
@@ -56,12 +57,17 @@ class Prefiller:
         if top is not None and seq.prompt_lp is not None:  # row i predicts prompt token start + i + 1
             rows = min(n, seq.prompt_len - 1 - start)
             seq.prompt_lp += token_logprobs(logits[0], range(rows), seq.tokens[start + 1 : start + rows + 1], top)
-        whole = self._prefilled(seq, slot, start + n, n)
-        if whole and succ is None and (table := self.knowledge.successors) is not None:
-            # the last prompt token's successors, as a decode step feeding it would record them
-            self.knowledge.observe_prefill(ids[0, -1:].cpu().numpy(),
-                                           logits[0, -1:].topk(table.k, dim=-1).indices.cpu().numpy())
-        outputs = [first_token(seq, logits[0, -1:])] if whole else []
+        outputs = []
+        if self._prefilled(seq, slot, start + n, n):
+            last = logits[0, -1:]
+            pred = last.argmax(dim=-1, keepdim=True)  # [1, 1]
+            table = self.knowledge.successors
+            if table is not None and succ is None:  # with the argmax in one transfer, as a decode step
+                pred = torch.cat([pred, last.topk(table.k, dim=-1).indices], dim=-1)
+            tokens = pred.cpu().numpy()
+            if table is not None and succ is None:  # the last prompt token's successors, as its decode step recorded
+                self.knowledge.observe_prefill(np.asarray(seq.tokens[-1:]), tokens[:, 1:])
+            outputs.append(first_token(seq, last, int(tokens[0, 0])))
         self.seconds += time.perf_counter() - t0
         return outputs
 

@@ -57,15 +57,14 @@ def update(plan: StepPlan, pred: list[list[int]], logits: torch.Tensor, cache: B
     return outputs
 
 
-def first_token(seq: Sequence, logits: torch.Tensor) -> StepOutput:
-    """A prompt's first new token, from the prefill's last row (`logits` [1, V]): its argmax, or
-    for a sampled request the draw at output position 0; a one-token step, so the first token
-    waits for no decode forward."""
-    pred = [int(logits[0].argmax())]
+def first_token(seq: Sequence, logits: torch.Tensor, greedy: int) -> StepOutput:
+    """A prompt's first new token, from the prefill's last row (`logits` [1, V], `greedy` its
+    argmax): that token, or for a sampled request the draw at output position 0; a one-token step,
+    so the first token waits for no decode forward."""
     drawn = None
     if seq.sampling is not None:
         drawn = {0: sample_rows(logits, seq.sampling, [first_draw(seq)])[0]}
-    out, _ = settle(seq, None, plain_span(seq.layout), pred, drawn, logits)
+    out, _ = settle(seq, None, plain_span(seq.layout), [greedy], drawn, logits)
     return out
 
 

@@ -139,7 +139,7 @@ class Drafter:
             sources += [Source.SUCCESSORS] * len(succ)
             tags += nodes
         self.tree.build(cands, sources=sources, tags=tags)
-        p = self.row_odds()
+        p = self._row_odds()
         order = np.argsort(-p, kind="stable")  # a child never outranks its parent: no likelier, after it on ties
         if self.pacer is not None:
             full_tokens = self.pacer.yields[copied_run]
@@ -147,7 +147,7 @@ class Drafter:
             full_tokens = self._full_yields.start(self.sampled)[copied_run] if self._full_yields is not None else 2.0
         return Draft(self.tree, order, p[order], copied_run, lay.cand_start, full_tokens, self.pacer)
 
-    def row_odds(self) -> np.ndarray:
+    def _row_odds(self) -> np.ndarray:
         """Each tree row's chance of being accepted: its template node's rate for a successor
         row, else its source's at its depth; never above its parent's."""
         tree = self.tree

@@ -345,7 +345,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="with --engine-compile, pin the planner's price of one more row (in one-token steps) "
                          "instead of measuring it: 0 runs every proposed row, as where width is free (tokens per "
                          "step, not speed)")
-    ap.add_argument("--compile-buckets", default="1x1,1x8,1x16", help="engine compile buckets, BATCHxWIDTH")
+    ap.add_argument("--compile-buckets", default=None,
+                    help="engine compile buckets, BATCHxWIDTH (default: 1x1 and one of dynamic width up to the widest step)")
     ap.add_argument("--compile-autotune", choices=["on", "off"], default="on",
                     help="on CPU, both compiled peers (HF's and our engine's) time inductor's C++ GEMM template "
                          "against MKL per layer (engine.compile_autotune)")
@@ -380,13 +381,16 @@ def main(argv: list[str] | None = None) -> dict:
     engine_config = None
     if args.engine_compile is not None and ours:
         la = [p for p in ours if p is not None] or [LookaheadParams()]
+        widest = LookaheadParams(max(p.n for p in la), max(p.w for p in la), max(p.g for p in la),
+                                 lookup=max(p.lookup for p in la), successors=max(p.successors for p in la))
+        buckets = args.compile_buckets or f"1x1,1x{widest.max_step_tokens}"
         engine_config = EngineConfig(
             max_batch=1, max_seq_len=max(len(p) for p in prompts) + args.max_new_tokens,
             max_new_tokens=args.max_new_tokens, prefill_chunk=max(len(p) for p in prompts), shared_pool_cap=0,
             max_n=max(p.n for p in la), max_w=max(p.w for p in la), max_g=max(p.g for p in la),
             max_lookup=max(p.lookup for p in la), max_successors=max(p.successors for p in la), lookahead=la[0],
             compile=args.engine_compile,
-            compile_buckets=[tuple(int(x) for x in b.split("x")) for b in args.compile_buckets.split(",")],
+            compile_buckets=[tuple(int(x) for x in b.split("x")) for b in buckets.split(",")],
             compile_kv=[int(k) for k in args.compile_kv.split(",")], compile_autotune=args.compile_autotune == "on",
             row_price=args.row_price,  # as if rows cost this on any machine: tokens per step, not speed
             **({} if args.successor_prefill is None else {"successor_prefill": args.successor_prefill == "on"}))
@@ -440,7 +444,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{recompiles} recompiles after warm-up (every compiled peer)")
     if bench.engine is not None and bench.engine.compiled is not None:
         status = bench.engine.compile_status()
-        eager = bench.engine.compiled.eager_calls
+        eager = bench.engine.runner.eager_forwards
         print(f"our engine: buckets compiled in {engine_compile_s:.1f}s (not in the figures); "
               f"{eager} decode forwards ran eagerly (outside every bucket)")
         for b in status:

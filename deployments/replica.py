@@ -132,7 +132,7 @@ class LookaheadModel:
             "prefix_cache": None if engine.prefixes is None else engine.prefixes.status(),
             "step_costs_ms": engine.runner.costs.table(),
             "compiled_decode": {"mode": engine.config.compile, "buckets": engine.compile_status(),
-                                "eager_forwards": engine.compiled.eager_calls if engine.compiled else None,
+                                "eager_forwards": engine.runner.eager_forwards if engine.compiled else None,
                                 "graph_failures": engine.compiled.graph_failures if engine.compiled else None},
         }
 

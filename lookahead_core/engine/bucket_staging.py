@@ -1,5 +1,7 @@
-"""A compiled decode bucket's static inputs: the staging buffers allocated once per bucket, and a
-transformers Cache over the engine's KV slot tensors at the bucket's shape.
+"""A compiled decode bucket's inputs: the staging buffers allocated once per bucket, and a
+transformers Cache over the engine's KV slot tensors at the bucket's shape. A bucket of static
+shape pads every step to it (`Staging`); a bucket of dynamic width runs each step at its own
+width, padded in batch and keys only (`WidthStaging`).
 
 * padding positions (rows >= B, columns >= T) take token 0 at position 0, see key column 0 only
   (a row that sees nothing turns to NaN) and write their keys to the *scratch column*
@@ -47,6 +49,7 @@ class Staging:
         self.cache = BucketCache(kv_pairs, self.rows, self.cols, k)
         self.bucket = bucket
         self.compile_s: float | None = None
+        self.cached: bool | None = None  # its graph came from the on-disk compile cache
         self.alone_ms: float | None = None  # one call's time right after its compile, the engine idle
         self.calls = 0
 
@@ -85,6 +88,77 @@ class Staging:
         """Back to all padding (a warm-up step then writes only scratch columns)."""
         self._pad(*self.used)
         self.used = (0, 0, 0)
+
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]:
+        """(ids, positions, mask, cache) as the graph takes them."""
+        return self.ids, self.pos, self.mask, self.cache
+
+
+class WidthStaging:
+    """The inputs of a bucket whose graph takes any step width T in [2, width] (the width dimension
+    marked dynamic): per T, views [Bb, T] (mask [Bb, 1, T, Kb]) of buffers sized for the widest
+    step, created once each. A one-token step runs at T = 2, its second column padding. The views
+    of different widths share memory, so each step rewrites its view whole."""
+
+    def __init__(self, bucket: Bucket, kv_pairs, scratch: int, dtype: torch.dtype, device: torch.device) -> None:
+        b, t, k = bucket.batch, bucket.width, bucket.kv
+        self.bucket, self.scratch, self.pairs = bucket, scratch, kv_pairs
+        self.min = torch.finfo(dtype).min
+        self._ids = torch.zeros(b * t, dtype=torch.long, device=device)
+        self._pos = torch.zeros(b * t, dtype=torch.long, device=device)
+        self._cols = torch.full((b * t,), scratch, dtype=torch.long, device=device)
+        self._mask = torch.full((b * t * k,), self.min, dtype=dtype, device=device)
+        self.rows = torch.arange(b, device=device)[:, None]
+        self._views: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]] = {}
+        self.width = 2  # of the step staged last
+        self.compile_s: float | None = None
+        self.cached: bool | None = None
+        self.alone_ms: float | None = None
+        self.calls = 0
+
+    def _at(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]:
+        views = self._views.get(t)
+        if views is None:
+            b, k = self.bucket.batch, self.bucket.kv
+            ids, pos, cols = (x[: b * t].view(b, t) for x in (self._ids, self._pos, self._cols))
+            mask = self._mask[: b * t * k].view(b, 1, t, k)
+            for x, dim in ((ids, 1), (pos, 1), (cols, 1), (mask, 2)):
+                torch._dynamo.mark_dynamic(x, dim, min=2, max=self.bucket.width)
+            views = self._views[t] = (ids, pos, mask, BucketCache(self.pairs, self.rows, cols, k))
+        return views
+
+    def stage(self, ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor | None, start: int | None,
+              mask: torch.Tensor, arange: torch.Tensor) -> None:
+        rows, width = ids.shape
+        vids, vpos, vmask, cache = self._blank(max(width, 2))
+        vcols = cache.cols
+        vids[:rows, :width].copy_(ids)
+        vpos[:rows, :width].copy_(pos)
+        if cols is not None:
+            vcols[:rows, :width].copy_(cols)
+        else:  # one slot written contiguously from `start`
+            assert start is not None
+            torch.add(arange[:width], start, out=vcols[0, :width])
+        vmask[:rows, :, :width, : mask.shape[-1]].copy_(mask)
+
+    def clear(self) -> None:
+        """All padding (a warm-up step then writes only scratch columns), at a width of a typical
+        lookahead step: a graph is tuned at the sizes it is compiled with."""
+        self._blank(min(8, self.bucket.width))
+
+    def _blank(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]:
+        """The views of width `t`, all padding; the next call runs at `t`."""
+        self.width = t
+        views = vids, vpos, vmask, cache = self._at(t)
+        vids.zero_()
+        vpos.zero_()
+        cache.cols.fill_(self.scratch)
+        vmask.fill_(self.min)
+        vmask[..., 0] = 0.0  # padding queries see column 0 (a row that sees nothing turns to NaN)
+        return views
+
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]:
+        return self._at(self.width)
 
 
 class BucketLayer(CacheLayerMixin):

@@ -1,13 +1,17 @@
-"""A compiled decode forward: `ModelRunner.forward` at static shapes, from a few buckets.
+"""The decode forward's compiled graphs, one per bucket, owned and called by `ModelRunner`.
 
 The eager decode forward re-dispatches every op of the model each step; `torch.compile`
 (inductor) fuses the elementwise work and, on CPU with freezing, folds the weights into constants
 and packs them once. A step [B, T] attending to kv_len keys runs in the cheapest ready bucket
 (Bb >= B, Tb >= T, Kb >= kv_len), its inputs padded in the bucket's staging buffers
-(bucket_staging.py); steps outside every bucket run the eager forward.
+(bucket_staging.py); the runner runs steps outside every bucket eagerly. With `dynamic_width` (the
+CPU default) a bucket wider than two takes any width from 2 to its own unpadded, in one graph:
+a bucket per batch then holds every step the planner may pick.
 
 On CPU, freezing turns every *static* graph input into a constant, so nothing is marked static
-there and each frozen graph holds its own packed copy of the weights. On CUDA,
+there and each frozen graph holds its own packed copy of the weights. Compiled graphs are kept in
+inductor's on-disk cache, keyed by the model's weights: a later start on the machine loads them
+(`cache_frozen_packed_weights`). On CUDA,
 `mode="reduce-overhead"` records CUDA graphs over staging buffers and KV tensors marked static.
 """
 from __future__ import annotations
@@ -24,15 +28,18 @@ import torch
 from torch._inductor import list_mode_options
 from transformers.cache_utils import Cache
 
-from lookahead_core.engine.bucket_staging import Bucket, Staging, slot_tensors
+from lookahead_core.engine.bucket_staging import Bucket, Staging, WidthStaging, slot_tensors
 from lookahead_core.engine.compile_setup import (
     CompileThrottle,
+    cache_frozen_packed_weights,
+    compiling,
     inductor_options,
     install_sdpa_gqa,
     quiet_autotune,
     recompile_limit,
     release_freed_memory,
     start_throttled,
+    weights_tag,
 )
 
 log = logging.getLogger(__name__)
@@ -54,8 +61,9 @@ def _decode_step(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, m
 
 
 class CompiledForward:
-    """`forward(input_ids, position_ids, mask, cache)` with `ModelRunner.forward`'s contract,
-    run as a compiled graph in the cheapest ready bucket that holds the step.
+    """The decode step's compiled graphs, for the `ModelRunner` that owns them: `can_run` names the
+    bucket whose graph holds a step (the cheapest ready one), `replay` runs it there; the runner
+    runs every other step eagerly.
 
     batch_buckets / width_buckets: sizes B and T are padded to (default: powers of two up to the
     cache's max_batch / `max_width`); kv_buckets: key lengths, the cache's capacity always the
@@ -84,6 +92,7 @@ class CompiledForward:
         gemm_autotune: bool = True,
         mode: str | None = None,
         load_share: float = 0.25,
+        dynamic_width: bool | None = None,
     ) -> None:
         self.model, self.cache = model, cache
         param = next(model.parameters())
@@ -99,16 +108,21 @@ class CompiledForward:
         self.kv_buckets = tuple(kv)
         self.freezing = (not cuda) if freezing is None else freezing
         self.static_inputs = cuda and not self.freezing  # freezing would fold static inputs into constants
+        # CUDA graphs replay fixed shapes
+        self.dynamic_width = (not cuda) if dynamic_width is None else dynamic_width
         self.inductor_options = inductor_options(cuda, gemm_autotune) if self.freezing else {}
         self.mode = mode if mode is not None else ("reduce-overhead" if cuda else None)
         self.cudagraphs = cuda and self.mode in ("reduce-overhead", "max-autotune")
         options: dict[str, Any] = {**(list_mode_options(self.mode) if self.mode else {}),
                                    "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        graphs = len(self.batch_buckets) * len(self.width_buckets) * len(self.kv_buckets)
+        graphs = len(self.batch_buckets) * len(self.width_buckets) * len(self.kv_buckets)  # dynamic: one each
         self._fn = (torch.compile(_decode_step, fullgraph=True, dynamic=False, options=options,
                                   **recompile_limit(graphs)) if compile else _decode_step)
         install_sdpa_gqa()
         quiet_autotune()
+        if compile and self.freezing:
+            cache_frozen_packed_weights()
+        self.cache_tag = weights_tag(model) if compile and self.freezing else ""
         self._compiler: threading.Thread | None = None
         self.lazy = lazy  # compile a bucket on its first step; else only warmed-up buckets run compiled
         self.ready: set[Bucket] = set()
@@ -118,9 +132,8 @@ class CompiledForward:
         self.load_share = load_share
         self.beat = 0  # the engine's step count
         self._arange = torch.arange(max(self.width_buckets), device=self.device)
-        self._staging: dict[Bucket, Staging] = {}
-        self.calls = 0
-        self.eager_calls = 0
+        self._staging: dict[Bucket, Staging | WidthStaging] = {}
+        self.calls = 0  # steps run in a graph
         self.graph_failures = 0  # calls of ready graphs that raised (each reran eagerly)
 
     # ---- buckets ----------------------------------------------------------------------------
@@ -146,43 +159,55 @@ class CompiledForward:
             return None
         held = [b for b in list(self.ready)  # one copy: the compile thread adds to it
                 if b.batch >= rows and b.width >= width and b.kv >= kv_len]
-        return min(held, key=lambda b: (b.batch * b.width * b.kv, b.batch), default=None)
+        return min(held, key=lambda b: (b.batch * self.run_width(b, width) * b.kv, b.batch), default=None)
 
-    def _stage_for(self, bucket: Bucket) -> Staging:
-        st = self._staging.get(bucket)
+    def is_dynamic(self, bucket: Bucket) -> bool:
+        """Its graph takes any width in [2, bucket.width]."""
+        return self.dynamic_width and bucket.width > 2
+
+    def run_width(self, bucket: Bucket, width: int) -> int:
+        """The width a step `width` wide runs at in `bucket`."""
+        return max(width, 2) if self.is_dynamic(bucket) else bucket.width
+
+    def _stage_for(self, bucket: Bucket) -> Staging | WidthStaging:
+        st: Staging | WidthStaging | None = self._staging.get(bucket)
         if st is None:
             pairs = slot_tensors(self.cache, self.model, self.dtype, self.device)
             if self.static_inputs:
                 for k, v in pairs:
                     torch._dynamo.mark_static_address(k)
                     torch._dynamo.mark_static_address(v)
-            st = Staging(bucket, pairs, self.scratch, self.dtype, self.device, self.static_inputs)
+            if self.is_dynamic(bucket):
+                st = WidthStaging(bucket, pairs, self.scratch, self.dtype, self.device)
+            else:
+                st = Staging(bucket, pairs, self.scratch, self.dtype, self.device, self.static_inputs)
             self._staging[bucket] = st
         return st
 
     # ---- running ----------------------------------------------------------------------------
 
-    def _run(self, st: Staging) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, st: Staging | WidthStaging) -> tuple[torch.Tensor, torch.Tensor]:
         first = st.compile_s is None
         t0 = time.perf_counter() if first else 0.0
         # Inductor reads its flags when it compiles, i.e. on a bucket's first call; freezing as a
         # `torch.compile` option is not applied. The flags are global: only the thread that
         # compiles (one at a time, `_compile_lock`) sets them, and eager forwards never read them.
-        freeze = torch._inductor.config.patch(**self.inductor_options) if first else contextlib.nullcontext()
-        with _compile_lock if first else contextlib.nullcontext(), freeze, torch.inference_mode():
+        setup = compiling(self.inductor_options, self.cache_tag) if first else contextlib.nullcontext()
+        with _compile_lock if first else contextlib.nullcontext(), setup as loaded, torch.inference_mode():
             if self.cudagraphs:
                 torch.compiler.cudagraph_mark_step_begin()
-            logits, pred = self._fn(self.model, st.ids, st.pos, st.mask, st.cache)
+            logits, pred = self._fn(self.model, *st.inputs())
         if first:
             st.compile_s = time.perf_counter() - t0
+            st.cached = bool(loaded and loaded[0])
             self.ready.add(st.bucket)
             self.ready_changes += 1
         st.calls += 1
         return logits, pred
 
     def warmup(self, buckets: Iterable[Bucket | tuple[int, int, int]]) -> dict[Bucket, float]:
-        """Compile these buckets now with an all-padding step (it writes only scratch columns).
-        Returns the seconds each first call took (compile included)."""
+        """Compile these buckets now with an all-padding step (it writes only scratch columns), one
+        log line each. Returns the seconds each first call took (compile or cache load included)."""
         out = {}
         for b in buckets:
             bucket = b if isinstance(b, Bucket) else Bucket(*b)
@@ -192,21 +217,24 @@ class CompiledForward:
             self._run(st)
             if first and st.compile_s is not None:
                 out[bucket] = st.compile_s
+                log.warning("%s decode bucket %s in %.1f s", "loaded" if st.cached else "compiled", bucket,
+                            st.compile_s)
                 release_freed_memory()
                 st.alone_ms = self._time_alone(st)
         return out
 
-    def _time_alone(self, st: Staging, calls: int = 5) -> float | None:
+    def _time_alone(self, st: Staging | WidthStaging, calls: int = 5) -> float | None:
         """The median of a few all-padding calls while the engine has no request: what this graph
         costs with the cores to itself, beside which /health shows what the same steps cost served.
         None when the engine stepped meanwhile (that timing would not be alone)."""
         if self.busy:
             return None
         times = []
+        inputs = st.inputs()
         with torch.inference_mode():
             for _ in range(calls):
                 t0 = time.perf_counter()
-                self._fn(self.model, st.ids, st.pos, st.mask, st.cache)
+                self._fn(self.model, *inputs)
                 times.append((time.perf_counter() - t0) * 1000.0)
         return None if self.busy else round(sorted(times)[calls // 2], 3)
 
@@ -222,9 +250,7 @@ class CompiledForward:
         def work() -> None:
             for b in todo:
                 try:
-                    seconds = self.warmup([b]).get(b)
-                    if seconds is not None:
-                        log.warning("compiled decode bucket %s in %.1f s", b, seconds)
+                    self.warmup([b])
                 except Exception as exc:  # a bucket that cannot compile keeps running eagerly
                     self.failed[b] = f"{type(exc).__name__}: {exc}"
                     log.exception("compiling decode bucket %s failed; it stays eager", b)
@@ -239,27 +265,32 @@ class CompiledForward:
         return self._compiler is None or not self._compiler.is_alive()
 
     def status(self) -> list[dict]:
-        """Every bucket set up: its shape, whether it runs compiled, its compile seconds and calls."""
+        """Every bucket set up: its shape, whether it runs compiled, its compile (or cache load)
+        seconds, whether it came from the on-disk cache, and its calls."""
         return [{"batch": b.batch, "width": b.width, "kv": b.kv, "ready": b in self.ready,
-                 "compile_s": None if st.compile_s is None else round(st.compile_s, 1), "calls": st.calls,
+                 "compile_s": None if st.compile_s is None else round(st.compile_s, 1), "cached": st.cached,
+                 "calls": st.calls,
                  "alone_ms": st.alone_ms,
                  **({"error": self.failed[b]} if b in self.failed else {})}
                 for b, st in list(self._staging.items())]
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """(greedy next token [B, T], logits [B, T, V]), on the device. The cache is prepared (`prepare_rows` / `prepare_slot`) for
-        rows [0, B), mask [B, 1, T, kv_len] with kv_len = cache.kv_len."""
-        rows, width = input_ids.shape
+    def can_run(self, rows: int, width: int, kv_len: int, cache) -> Bucket | None:
+        """The bucket whose graph runs a step of `rows` x `width` attending to `kv_len` keys over
+        the cache's rows [0, rows) (`lazy`: compiled on its first step), or None: run it eagerly."""
         lo, hi = cache.rows
-        ours = lo == 0 and hi == rows and cache is self.cache
-        kv_len = mask.shape[-1]
-        bucket = None if not ours else self.bucket_for(rows, width, kv_len) if self.lazy else \
-            self.ready_bucket_for(rows, width, kv_len)
+        if not (lo == 0 and hi == rows and cache is self.cache):
+            return None
+        bucket = self.bucket_for(rows, width, kv_len) if self.lazy else self.ready_bucket_for(rows, width, kv_len)
         if bucket is not None and bucket.batch > rows and max(cache.lengths[rows : bucket.batch]) > self.scratch:
-            bucket = None  # a padding row's slot holds a token in the scratch column
-        if bucket is None:
-            return self.eager(input_ids, position_ids, mask, cache)
+            return None  # a padding row's slot holds a token in the scratch column
+        return bucket
+
+    def replay(self, bucket: Bucket, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
+               cache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(greedy next token [B, T], logits [B, T, V]) of the step in `bucket`'s graph; the cache is
+        prepared for rows [0, B), mask [B, 1, T, kv_len]. None when the graph raised: the bucket is
+        dropped and the caller runs the step eagerly (its writes go to the same KV columns)."""
+        rows, width = input_ids.shape
         st = self._stage_for(bucket)
         if cache.write_start is not None:
             st.stage(input_ids, position_ids, None, cache.write_start, mask, self._arange)
@@ -267,9 +298,9 @@ class CompiledForward:
             st.stage(input_ids, position_ids, cache.write_index, None, mask, self._arange)
         try:
             logits, pred = self._run(st)
-        except Exception as exc:  # the step's writes go to the same KV columns eagerly
+        except Exception as exc:
             self._drop(bucket, exc)
-            return self.eager(input_ids, position_ids, mask, cache)
+            return None
         self.calls += 1
         return pred[:rows, :width], logits[:rows, :width]
 
@@ -281,12 +312,3 @@ class CompiledForward:
         self.failed[bucket] = f"{type(exc).__name__}: {exc}"
         self.graph_failures += 1
         log.exception("compiled decode bucket %s raised; its steps run without it from now on", bucket)
-
-    __call__ = forward
-
-    def eager(self, input_ids, position_ids, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """The uncompiled forward (ModelRunner.forward's body), for steps outside every bucket."""
-        self.eager_calls += 1
-        logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache,
-                            use_cache=True).logits
-        return logits.argmax(dim=-1), logits

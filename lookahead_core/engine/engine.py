@@ -83,7 +83,7 @@ class Engine:
         self.step_s = 0.0  # whole steps, prefill included
         self.steps = 0  # lifetime counters, for health and leak checks
         self.aborted = 0
-        self.compiled = self._compiled_forward(cfg) if cfg.compile != "off" else None
+        r.graphs = self._compiled_forward(cfg) if cfg.compile != "off" else None
 
     def _compiled_forward(self, cfg: EngineConfig) -> CompiledForward:
         """The decode forward compiled for the configured buckets: before the first step ("on") or
@@ -95,18 +95,20 @@ class Engine:
         if over:
             log.warning("engine.compile_buckets batch %s exceeds the %d KV slots of the plan (%s): compiled as "
                         "batch %d", ", ".join(map(str, over)), self.max_batch, self.kv_plan.describe(), self.max_batch)
-        capacity = self.cache.capacity
-        kvs = sorted({min(kv, capacity) for kv in cfg.compile_kv})
+        kvs = sorted({min(kv, self.cache.capacity) for kv in cfg.compile_kv})
         cf = CompiledForward(self.runner.model, self.cache, batch_buckets={b for b, _ in fitted},
                              width_buckets={w for _, w in fitted}, kv_buckets=kvs, lazy=False,
                              gemm_autotune=cfg.compile_autotune, load_share=cfg.compile_load_share)
         buckets = [Bucket(b, w, kv) for b, w in fitted for kv in kvs]
         if cfg.compile == "on":
-            for bucket, seconds in cf.warmup(buckets).items():
-                log.warning("compiled decode bucket %s in %.1f s", bucket, seconds)
+            cf.warmup(buckets)
         else:
             cf.compile_in_background(buckets)
         return cf
+
+    @property
+    def compiled(self) -> CompiledForward | None:  # the runner's compiled decode graphs
+        return self.runner.graphs
 
     @property
     def prefill_s(self) -> float:
@@ -114,13 +116,11 @@ class Engine:
         return self.prefiller.seconds
 
     def compile_status(self) -> list[dict]:
-        """The compiled decode buckets: shape, ready or not, compile seconds, steps run, and what the
-        graph cost alone beside what steps of its batch and width cost served (for /health)."""
-        if self.compiled is None:
-            return []
+        """The compiled decode buckets (`CompiledForward.status`), each with what steps of its batch
+        and width cost served beside what its graph cost alone (for /health)."""
         costs = self.runner.costs
         return [{**b, "served_ms": None if (ms := costs.measured(b["batch"], b["width"])) is None else round(ms, 3)}
-                for b in self.compiled.status()]
+                for b in (self.compiled.status() if self.compiled is not None else [])]
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -272,9 +272,9 @@ class Engine:
         t1 = time.perf_counter()
         know = self.knowledge
         succ = know.successors
-        tokens, logits = self.runner.forward(buf.dev[0, :batch, :width], buf.dev[1, :batch, :width],
-                                             buf.mask[:batch, :, :width, :kv_len], cache, self.compiled,
-                                             topk=succ.k if succ is not None else 0)
+        tokens, logits = self.runner.decode(buf.dev[0, :batch, :width], buf.dev[1, :batch, :width],
+                                            buf.mask[:batch, :, :width, :kv_len], cache,
+                                            topk=succ.k if succ is not None else 0)
         self.forward_s += time.perf_counter() - t1
         pred = (tokens[..., 0] if succ is not None else tokens).tolist()
         if succ is not None:

@@ -17,13 +17,24 @@ from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.params import LookaheadParams
 
 
+def eager_decode(model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
+                 cache) -> tuple[torch.Tensor, torch.Tensor]:
+    """The uncompiled decode forward: (greedy next token [B, T], logits [B, T, V])."""
+    logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache,
+                   use_cache=True).logits
+    return logits.argmax(dim=-1), logits
+
+
 class ModelRunner:
-    """Holds a causal LM and calls it with explicit positions, a 4D float mask and a cache, and
-    learns what its decode forwards cost (`costs`)."""
+    """Holds a causal LM and calls it with explicit positions, a 4D float mask and a cache; owns
+    the decode forward's compiled graphs (`graphs`, set once they are built) and learns what its
+    decode forwards cost (`costs`)."""
 
     def __init__(self, model: torch.nn.Module, costs: StepCosts | None = None, max_layouts: int = 32) -> None:
         self.model = model
         self.costs = costs or StepCosts()
+        self.graphs: CompiledForward | None = None
+        self.eager_forwards = 0  # decode forwards no graph held (or whose graph raised)
         self._ready: set[Bucket] = set()  # compiled buckets whose readiness `costs` has been told of
         self._ready_changes = 0
         param = next(model.parameters())
@@ -89,27 +100,30 @@ class ModelRunner:
                          use_cache=True, **kwargs)
         return out.logits
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache,
-                compiled: CompiledForward | None = None, topk: int = 0) -> tuple[np.ndarray, torch.Tensor]:
+    def decode(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache,
+               topk: int = 0) -> tuple[np.ndarray, torch.Tensor]:
         """(greedy next token after every input position [B, T], then with `topk` its k likeliest
         [B, T, 1 + k]; logits [B, T, V]). The tokens reach the host in one transfer, the step's one
-        sync; sampling reads the logits rows it needs. Through `compiled` where one of its buckets
-        holds the step."""
+        sync; sampling reads the logits rows it needs. In the graph that holds the step, else
+        eagerly; a graph that raises is dropped and the step runs eagerly."""
+        compiled = self.graphs
         if compiled is not None and compiled.ready_changes != self._ready_changes:
             # a bucket that just finished compiling (or failed): its batch's timings price the
             # path its steps took before, not the one they take now
             self._ready_changes = compiled.ready_changes
             ready = set(compiled.ready)
-            for bucket in ready ^ self._ready:
-                self.costs.forget(bucket.batch)
+            for changed in ready ^ self._ready:
+                self.costs.forget(changed.batch)
             self._ready = ready
         t0 = time.perf_counter()
+        out = None
         if compiled is not None:
-            pred, logits = compiled.forward(input_ids, position_ids, mask, cache)
-        else:
-            logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                                past_key_values=cache, use_cache=True).logits
-            pred = logits.argmax(dim=-1)
+            bucket = compiled.can_run(input_ids.shape[0], input_ids.shape[1], mask.shape[-1], cache)
+            out = None if bucket is None else compiled.replay(bucket, input_ids, position_ids, mask, cache)
+        if out is None:
+            self.eager_forwards += 1
+            out = eager_decode(self.model, input_ids, position_ids, mask, cache)
+        pred, logits = out
         if topk:  # argmax stays the greedy token: topk's order among equal logits is not argmax's
             pred = torch.cat([pred.unsqueeze(-1), logits.topk(topk, dim=-1, sorted=True).indices], dim=-1)
         tokens = pred.cpu().numpy()

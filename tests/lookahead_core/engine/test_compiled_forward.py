@@ -16,6 +16,7 @@ from lookahead_core.engine.compiled_forward import CompiledForward
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.kv_cache import BatchKVCache
+from lookahead_core.engine.model_runner import ModelRunner, eager_decode
 from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import StopCondition
@@ -58,6 +59,17 @@ def _step(rows: int, width: int, seed: int):
     return ids, offsets.clone(), offsets, mask, kv_len
 
 
+def _eager(model):
+    return lambda *args: eager_decode(model, *args)
+
+
+def _runner(cf: CompiledForward) -> ModelRunner:
+    """A runner owning these graphs: a step runs in the graph that holds it, else eagerly."""
+    runner = ModelRunner(cf.model)
+    runner.graphs = cf
+    return runner
+
+
 def _run(forward, cache, rows, width, seed):
     ids, pos, widx, mask, kv_len = _step(rows, width, seed)
     cache.prepare_rows(rows, widx, kv_len)
@@ -80,6 +92,7 @@ def _same_writes(eager: BatchKVCache, compiled: BatchKVCache, rows: int, width: 
 def test_compiled_forward_matches_eager_in_two_buckets(model):
     eager_cache, cache = _prefilled(model), _prefilled(model)
     cf = CompiledForward(model, cache, batch_buckets=(1, 4), width_buckets=(1, 8), kv_buckets=(32,))
+    runner = _runner(cf)
     frames = torch._dynamo.utils.counters["frames"]
     steps = [(3, 5, 0), (2, 7, 1), (1, 1, 2), (3, 3, 3), (1, 1, 4)]  # (4,8,64) twice, (1,1,32), both again
     expected = [Bucket(4, 8, CAP), Bucket(4, 8, CAP), Bucket(1, 1, 32), Bucket(4, 8, CAP), Bucket(1, 1, 32)]
@@ -87,8 +100,8 @@ def test_compiled_forward_matches_eager_in_two_buckets(model):
     for (rows, width, seed), bucket in zip(steps, expected):
         assert cf.bucket_for(rows, width, max(PREFILLED[:rows]) + width) == bucket
         before = frames["ok"]
-        ref_pred, ref_logits = _run(cf.eager, eager_cache, rows, width, seed)
-        pred, logits = _run(cf.forward, cache, rows, width, seed)
+        ref_pred, ref_logits = _run(_eager(cf.model), eager_cache, rows, width, seed)
+        pred, logits = _run(runner.decode, cache, rows, width, seed)
         assert pred == ref_pred
         assert logits.shape == ref_logits.shape == (rows, width, 256)
         torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
@@ -97,7 +110,7 @@ def test_compiled_forward_matches_eager_in_two_buckets(model):
             assert frames["ok"] == before, f"bucket {bucket} recompiled"
         seen.add(bucket)
     assert cf.ready == {Bucket(4, 8, CAP), Bucket(1, 1, 32)}  # compiled on their first steps (lazy)
-    assert cf.calls == 5 and cf.eager_calls == 5  # the reference runs went through cf.eager
+    assert cf.calls == 5 and runner.eager_forwards == 0
 
 
 @pytest.mark.compile
@@ -108,8 +121,9 @@ def test_a_model_of_the_same_shapes_gets_graphs_of_its_own(model):
     for m in (model, other):
         eager_cache, cache = _prefilled(m), _prefilled(m)
         cf = CompiledForward(m, cache, batch_buckets=(1,), width_buckets=(1,), kv_buckets=(32,))
-        ref_pred, ref_logits = _run(cf.eager, eager_cache, 1, 1, 5)
-        pred, logits = _run(cf.forward, cache, 1, 1, 5)
+        runner = _runner(cf)
+        ref_pred, ref_logits = _run(_eager(cf.model), eager_cache, 1, 1, 5)
+        pred, logits = _run(runner.decode, cache, 1, 1, 5)
         assert cf.ready == {Bucket(1, 1, 32)}, "each instance compiles its own graph"
         torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
         assert pred == ref_pred
@@ -119,7 +133,9 @@ def test_a_step_runs_in_the_cheapest_ready_bucket_that_holds_it(model):
     """Buckets as an engine configures them, (batch, width) pairs, none compiled on demand: a step
     takes the cheapest ready one holding it, not the grid's rounding of each size apart."""
     cache = _prefilled(model)
-    cf = CompiledForward(model, cache, batch_buckets=(1, 2, 4), width_buckets=(1, 4), compile=False, lazy=False)
+    cf = CompiledForward(model, cache, batch_buckets=(1, 2, 4), width_buckets=(1, 4), compile=False, lazy=False,
+                         dynamic_width=False)
+    runner = _runner(cf)
     assert cf.ready_bucket_for(1, 1, 40) is None  # nothing ready yet: eager
     cf.warmup([Bucket(1, 1, CAP), Bucket(4, 1, CAP), Bucket(2, 4, CAP)])
     picks = {(1, 1): Bucket(1, 1, CAP), (3, 1): Bucket(4, 1, CAP), (1, 3): Bucket(2, 4, CAP), (2, 2): Bucket(2, 4, CAP),
@@ -127,32 +143,34 @@ def test_a_step_runs_in_the_cheapest_ready_bucket_that_holds_it(model):
     for (rows, width), bucket in picks.items():
         assert cf.ready_bucket_for(rows, width, 40) == bucket, (rows, width)
     assert cf.bucket_for(3, 2, 40) == Bucket(4, 4, CAP)  # the grid's pick: never compiled here
-    ref, _ = _run(cf.eager, _prefilled(model), 3, 1, 7)
-    pred, _ = _run(cf.forward, cache, 3, 1, 7)
-    assert pred == ref and cf.calls == 1 and cf.eager_calls == 1
-    _run(cf.forward, cache, 3, 2, 8)
-    assert cf.calls == 1 and cf.eager_calls == 2
+    ref, _ = _run(_eager(cf.model), _prefilled(model), 3, 1, 7)
+    pred, _ = _run(runner.decode, cache, 3, 1, 7)
+    assert pred == ref and cf.calls == 1 and runner.eager_forwards == 0
+    _run(runner.decode, cache, 3, 2, 8)
+    assert cf.calls == 1 and runner.eager_forwards == 1
 
 
 def test_steps_outside_every_bucket_run_eagerly(model):
     cache = _prefilled(model)
-    cf = CompiledForward(model, cache, batch_buckets=(1, 2), width_buckets=(1, 4), compile=False)
+    cf = CompiledForward(model, cache, batch_buckets=(1, 2), width_buckets=(1, 4), compile=False, dynamic_width=False)
+    runner = _runner(cf)
     assert cf.bucket_for(3, 1, 40) is None  # more rows than the largest bucket
     assert cf.bucket_for(1, 5, 40) is None  # wider than the largest bucket
     assert cf.bucket_for(1, 1, CAP) is None  # would reach the scratch column
     assert cf.bucket_for(2, 3, 40) == Bucket(2, 4, CAP)
     ref_cache = _prefilled(model)
-    ref, _ = _run(cf.eager, ref_cache, 3, 2, 7)
-    pred, logits = _run(cf.forward, cache, 3, 2, 7)
-    assert pred == ref and cf.calls == 0 and cf.eager_calls == 2
-    padded = CompiledForward(model, cache, batch_buckets=(2,), width_buckets=(4,), compile=False)
+    ref, _ = _run(_eager(cf.model), ref_cache, 3, 2, 7)
+    pred, logits = _run(runner.decode, cache, 3, 2, 7)
+    assert pred == ref and cf.calls == 0 and runner.eager_forwards == 1
+    padded = CompiledForward(model, cache, batch_buckets=(2,), width_buckets=(4,), compile=False, dynamic_width=False)
     cache.lengths[1] = CAP  # the slot that would pad a one-row step holds a token in the scratch column
-    _run(padded.forward, cache, 1, 2, 7)
-    assert padded.calls == 0 and padded.eager_calls == 1
+    padded_runner = _runner(padded)
+    _run(padded_runner.decode, cache, 1, 2, 7)
+    assert padded.calls == 0 and padded_runner.eager_forwards == 1
     cache.lengths[1] = PREFILLED[1]
     # uncompiled, a bucketed step pads and stages exactly as the graph would see it
-    ref, ref_logits = _run(cf.eager, ref_cache, 2, 3, 8)
-    pred, logits = _run(cf.forward, cache, 2, 3, 8)
+    ref, ref_logits = _run(_eager(cf.model), ref_cache, 2, 3, 8)
+    pred, logits = _run(runner.decode, cache, 2, 3, 8)
     assert pred == ref and cf.calls == 1
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
     staged = cf._staging[Bucket(2, 4, CAP)]
@@ -160,11 +178,36 @@ def test_steps_outside_every_bucket_run_eagerly(model):
     assert (staged.mask[:, 0, 3, 0] == 0).all()  # and see column 0, never nothing
 
 
+@pytest.mark.compile
+def test_a_bucket_of_dynamic_width_runs_every_width_in_one_graph(model):
+    """A (2, 8) bucket of dynamic width: steps 1 to 8 tokens wide, of one row or two, run in one
+    graph at their own width (a one-token step at two), with the eager tokens, logits and KV
+    writes; the step is priced at its own width against the other ready buckets."""
+    eager_cache, cache = _prefilled(model), _prefilled(model)
+    cf = CompiledForward(model, cache, batch_buckets=(1, 2), width_buckets=(1, 8), kv_buckets=(CAP,), lazy=False)
+    runner = _runner(cf)
+    cf.warmup([Bucket(1, 1, CAP), Bucket(2, 8, CAP)])
+    assert cf.is_dynamic(Bucket(2, 8, CAP)) and not cf.is_dynamic(Bucket(1, 1, CAP))
+    assert cf.ready_bucket_for(1, 1, 40) == Bucket(1, 1, CAP)
+    assert cf.ready_bucket_for(1, 3, 40) == cf.ready_bucket_for(2, 1, 40) == Bucket(2, 8, CAP)
+    frames = torch._dynamo.utils.counters["frames"]
+    before = frames["ok"]
+    for seed, (rows, width) in enumerate([(2, 1), (1, 2), (2, 3), (1, 8), (2, 5), (2, 8)]):
+        ref_pred, ref_logits = _run(_eager(cf.model), eager_cache, rows, width, seed)
+        pred, logits = _run(runner.decode, cache, rows, width, seed)
+        assert pred == ref_pred, (rows, width)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+        _same_writes(eager_cache, cache, rows, width)
+    assert frames["ok"] == before, "a width recompiled"
+    assert cf.calls == 6 and cf._staging[Bucket(2, 8, CAP)].calls == 7  # and the warm-up
+
+
 def test_a_graph_that_raises_is_dropped_and_its_step_reruns_eagerly(model):
     """A ready graph that raises on a step: that step still returns the eager result (same KV
     writes), the bucket turns failed, and later steps take another ready bucket or run eagerly."""
     cache, ref_cache = _prefilled(model), _prefilled(model)
     cf = CompiledForward(model, cache, batch_buckets=(2, 4), width_buckets=(1,), compile=False, lazy=False)
+    runner = _runner(cf)
     cf.warmup([Bucket(2, 1, CAP), Bucket(4, 1, CAP)])
     graph = cf._fn
 
@@ -174,16 +217,16 @@ def test_a_graph_that_raises_is_dropped_and_its_step_reruns_eagerly(model):
         return graph(model, ids, *args)
 
     cf._fn = broken
-    ref, ref_logits = _run(cf.eager, ref_cache, 2, 1, 9)
-    pred, logits = _run(cf.forward, cache, 2, 1, 9)
+    ref, ref_logits = _run(_eager(cf.model), ref_cache, 2, 1, 9)
+    pred, logits = _run(runner.decode, cache, 2, 1, 9)
     assert pred == ref
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
     _same_writes(ref_cache, cache, 2, 1)
-    assert cf.graph_failures == 1 and cf.ready == {Bucket(4, 1, CAP)}
+    assert cf.graph_failures == 1 and runner.eager_forwards == 1 and cf.ready == {Bucket(4, 1, CAP)}
     assert "graph replay failed" in cf.failed[Bucket(2, 1, CAP)]
     assert [b["error"] for b in cf.status() if "error" in b] == ["RuntimeError: graph replay failed"]
     assert cf.ready_bucket_for(2, 1, 40) == Bucket(4, 1, CAP)
-    _run(cf.forward, cache, 2, 1, 10)  # now in the (4, 1) graph, which works
+    _run(runner.decode, cache, 2, 1, 10)  # now in the (4, 1) graph, which works
     assert cf.graph_failures == 1 and cf.calls == 1
 
 
@@ -263,6 +306,23 @@ def test_engine_compile_on_gives_eager_tokens(model):
 
 
 @pytest.mark.compile
+def test_engine_requests_complete_when_every_graph_raises(model):
+    """Graphs that raise on replay: each is dropped once (counted), its step reruns eagerly, and
+    the requests complete with the eager tokens."""
+    modes = ["off", "auto", LookaheadParams(3, 2, 2, lookup=4)]
+    eager = _serve(Engine(model, EngineConfig(**ENGINE)), PROMPTS, modes)
+    engine = Engine(model, EngineConfig(**ENGINE, compile="on", compile_buckets=[(1, 1), (4, 16)], compile_kv=[64]))
+
+    def broken(*args):
+        raise RuntimeError("graph replay failed")
+
+    engine.compiled._fn = broken
+    assert _serve(engine, PROMPTS, modes) == eager
+    assert engine.compiled.graph_failures == 2 and not engine.compiled.ready
+    assert engine.runner.eager_forwards > 2 and engine.compiled.calls == 0
+
+
+@pytest.mark.compile
 def test_engine_compile_auto_serves_while_compiling(model):
     """"auto" returns at once: the first requests run eagerly while the bucket compiles on a
     background thread, and run compiled once it is ready, with the same tokens throughout."""
@@ -270,7 +330,7 @@ def test_engine_compile_auto_serves_while_compiling(model):
     engine = Engine(model, EngineConfig(**ENGINE, compile="auto", compile_buckets=[(1, 2)], compile_kv=[32]))
     assert engine.compile_status()[0]["ready"] is False  # the compile has just started
     assert _serve(engine, PROMPTS[:1], ["off"]) == eager
-    assert engine.compiled.eager_calls > 0
+    assert engine.runner.eager_forwards > 0
     assert engine.compiled.wait(timeout=600)
     (bucket,) = engine.compile_status()
     assert bucket["ready"] and bucket["compile_s"] > 0 and "error" not in bucket
@@ -344,3 +404,26 @@ def test_background_compile_takes_its_share_while_the_engine_steps():
     assert shared > 0 and idle > 0
     # 1.2 s busy at a quarter share against 0.3 s free: about equal work (unthrottled: 4x)
     assert 0.3 < shared / idle < 2.5, (shared, idle)
+
+
+@pytest.mark.compile
+def test_a_later_instance_loads_its_graph_from_the_disk_cache_and_other_weights_do_not(model, tmp_path, monkeypatch):
+    """The frozen graph (its weights packed) is kept in inductor's on-disk cache: a later instance
+    over the same weights loads it, and gives the eager tokens; a model of the same shapes with
+    other weights compiles its own (the cache entry holds packed copies of the weights)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    same = build_random_model("llama", vocab_size=256)
+    same.load_state_dict(model.state_dict())
+    other = build_random_model("llama", vocab_size=256, seed=2)
+    for m, cached in ((model, False), (same, True), (other, False)):
+        eager_cache, cache = _prefilled(m), _prefilled(m)
+        cf = CompiledForward(m, cache, batch_buckets=(1,), width_buckets=(1,), kv_buckets=(32,), lazy=False)
+        runner = _runner(cf)
+        cf.warmup([Bucket(1, 1, 32)])
+        [status] = cf.status()
+        assert status["ready"] and status["cached"] is cached, status
+        ref_pred, ref_logits = _run(_eager(cf.model), eager_cache, 1, 1, 5)
+        pred, logits = _run(runner.decode, cache, 1, 1, 5)
+        assert cf.calls == 1
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+        assert pred == ref_pred

@@ -36,6 +36,15 @@ def _rss_mb() -> float | None:
 
 # A dead replica is noticed within ~2 s and replaced (Serve's default checks every 10 s).
 @serve.deployment(name="LookaheadModel", max_ongoing_requests=64, health_check_period_s=2, health_check_timeout_s=10)
+
+def _step_time(engine) -> dict:
+    """Mean milliseconds per engine step: in decode forwards, in prefill forwards, and on the host
+    (planning, masks, verification: the rest of the step), over the replica's life."""
+    steps = max(engine.steps, 1)
+    host = engine.step_s - engine.forward_s - engine.prefill_s
+    return {"steps": engine.steps, "forward": round(1000 * engine.forward_s / steps, 3),
+            "prefill": round(1000 * engine.prefill_s / steps, 3), "host": round(1000 * host / steps, 3)}
+
 class LookaheadModel:
     def __init__(self, args: dict) -> None:
         self.started = time.time()
@@ -131,6 +140,7 @@ class LookaheadModel:
             "history": engine.knowledge.status(),
             "prefix_cache": None if engine.prefixes is None else engine.prefixes.status(),
             "step_costs_ms": engine.runner.costs.table(),
+            "step_time_ms": _step_time(engine),
             "compiled_decode": {"mode": engine.config.compile, "buckets": engine.compile_status(),
                                 "eager_forwards": engine.runner.eager_forwards if engine.compiled else None,
                                 "graph_failures": engine.compiled.graph_failures if engine.compiled else None},

@@ -33,6 +33,8 @@ def test_health_and_models(server):
     assert h["dtype"] == "float32" and h["device"] == "cpu" and h["torch_threads"] >= 1
     assert h["seeded_text"] == "fixed by the seed"  # float32: whatever runs beside a request
     assert h["step_costs_ms"]["b1t1"] > 0  # the warm-up's forwards, measured
+    step = h["step_time_ms"]  # per step: decode forward, prefill forward and the host's share beside them
+    assert step["steps"] > 0 and step["forward"] > 0 and step["prefill"] > 0 and step["host"] > 0
     history = h["history"]  # the replica's cross-request tables, bounded and sized
     assert history["successors"]["bytes"] >= 128 * history["successors"]["k"] * 4  # vocab x k int32
     assert history["text"]["capacity"] >= history["text"]["tokens"] and history["text"]["bytes"] > 0

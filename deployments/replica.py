@@ -34,9 +34,6 @@ def _rss_mb() -> float | None:
         return None
 
 
-# A dead replica is noticed within ~2 s and replaced (Serve's default checks every 10 s).
-@serve.deployment(name="LookaheadModel", max_ongoing_requests=64, health_check_period_s=2, health_check_timeout_s=10)
-
 def _step_time(engine) -> dict:
     """Mean milliseconds per engine step: in decode forwards, in prefill forwards, and on the host
     (planning, masks, verification: the rest of the step), over the replica's life."""
@@ -45,6 +42,9 @@ def _step_time(engine) -> dict:
     return {"steps": engine.steps, "forward": round(1000 * engine.forward_s / steps, 3),
             "prefill": round(1000 * engine.prefill_s / steps, 3), "host": round(1000 * host / steps, 3)}
 
+
+# A dead replica is noticed within ~2 s and replaced (Serve's default checks every 10 s).
+@serve.deployment(name="LookaheadModel", max_ongoing_requests=64, health_check_period_s=2, health_check_timeout_s=10)
 class LookaheadModel:
     def __init__(self, args: dict) -> None:
         self.started = time.time()

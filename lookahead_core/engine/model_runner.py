@@ -91,14 +91,20 @@ class ModelRunner:
 
     def prefill(self, input_ids: torch.Tensor, start: int, cache, mask: torch.Tensor | None = None,
                 all_logits: bool = False) -> torch.Tensor:
-        """Write the keys of `input_ids` [B, T] at positions start.. into the cache. Unless
-        `all_logits` (prompt logprobs), only the last row's logits are computed. Without `mask` the
-        model applies its causal mask."""
-        kwargs = {"logits_to_keep": 0 if all_logits else 1} if self._takes_logits_to_keep else {}
+        """Write the keys of `input_ids` [B, T] at positions start.. into the cache; logits [B, T', V]
+        whose last row follows the last token (every row with `all_logits`, for prompt logprobs).
+        Without `mask` the model applies its causal mask. A chunk a ready graph holds (the cache's
+        first slot: a request that arrives alone) runs in it, every row's logits computed."""
         positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
-        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
-                         use_cache=True, **kwargs)
-        return out.logits
+        graphs = self.graphs
+        if graphs is not None and mask is not None and input_ids.shape[0] == 1:
+            bucket = graphs.can_run(1, input_ids.shape[1], mask.shape[-1], cache)
+            out = None if bucket is None else graphs.replay(bucket, input_ids, positions, mask, cache)
+            if out is not None:
+                return out[1]
+        kwargs = {"logits_to_keep": 0 if all_logits else 1} if self._takes_logits_to_keep else {}
+        return self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
+                          use_cache=True, **kwargs).logits
 
     def decode(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache,
                topk: int = 0) -> tuple[np.ndarray, torch.Tensor]:

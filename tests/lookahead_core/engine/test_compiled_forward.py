@@ -202,6 +202,31 @@ def test_a_bucket_of_dynamic_width_runs_every_width_in_one_graph(model):
     assert cf.calls == 6 and cf._staging[Bucket(2, 8, CAP)].calls == 7  # and the warm-up
 
 
+@pytest.mark.compile
+def test_a_prompt_chunk_in_the_first_slot_prefills_in_a_graph(model):
+    """A prompt chunk for slot 0 (a request that arrives alone) runs in the ready graph that holds
+    it: the eager prefill's last-row logits and KV writes; a chunk for another slot runs eagerly."""
+    eager_cache, cache = _prefilled(model), _prefilled(model)
+    cf = CompiledForward(model, cache, batch_buckets=(1,), width_buckets=(8,), kv_buckets=(CAP,), lazy=False)
+    cf.warmup([Bucket(1, 8, CAP)])
+    runner, eager = _runner(cf), ModelRunner(model)
+    ids = torch.randint(2, 256, (1, 6), generator=torch.Generator().manual_seed(3))
+    start = PREFILLED[0]
+    mask = torch.zeros((1, 1, 6, start + 6))
+    mask[0, 0, :, start:] = torch.full((6, 6), MIN).triu_(1)
+    with torch.inference_mode():
+        for c in (eager_cache, cache):
+            c.prepare_slot(0, start, 6)
+        ref = eager.prefill(ids, start, eager_cache, mask)
+        logits = runner.prefill(ids, start, cache, mask)
+        assert cf.calls == 1 and logits.shape == (1, 6, 256)
+        torch.testing.assert_close(logits[0, -1], ref[0, -1], rtol=1e-4, atol=1e-4)
+        _same_writes(eager_cache, cache, 1, 6)
+        cache.prepare_slot(1, PREFILLED[1], 6)
+        runner.prefill(ids, PREFILLED[1], cache, torch.zeros((1, 1, 6, PREFILLED[1] + 6)))
+        assert cf.calls == 1  # slot 1: eager
+
+
 def test_a_graph_that_raises_is_dropped_and_its_step_reruns_eagerly(model):
     """A ready graph that raises on a step: that step still returns the eager result (same KV
     writes), the bucket turns failed, and later steps take another ready bucket or run eagerly."""

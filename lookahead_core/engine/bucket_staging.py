@@ -6,7 +6,7 @@ width, padded in batch and keys only (`WidthStaging`).
 * padding positions (rows >= B, columns >= T) take token 0 at position 0, see key column 0 only
   (a row that sees nothing turns to NaN) and write their keys to the *scratch column*
   `capacity - 1` of their slot, which no committed token occupies (the engine's capacity is
-  max_seq_len + max_step_tokens; `CompiledForward.forward` checks it) and no real write reaches;
+  max_seq_len + max_step_tokens; `CompiledForward.can_run` checks it) and no real write reaches;
 * keys and values are written in place into the `BatchKVCache` slot tensors (one index_put per
   layer), and attention reads `keys[:Bb, :, :Kb]`, the mask hiding everything past each row's
   own block.

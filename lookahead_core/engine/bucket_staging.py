@@ -28,11 +28,24 @@ class Bucket:
     kv: int
 
 
-class Staging:
+class GraphRecord:
+    """What a bucket's graph did: its compile (or cache load) seconds, whether it came from the
+    on-disk cache, one call's time right after it (the engine idle), and its calls."""
+
+    def __init__(self, bucket: Bucket) -> None:
+        self.bucket = bucket
+        self.compile_s: float | None = None
+        self.cached: bool | None = None
+        self.alone_ms: float | None = None
+        self.calls = 0
+
+
+class Staging(GraphRecord):
     """The static inputs of one bucket, allocated once, and what the last step left in them."""
 
     def __init__(self, bucket: Bucket, kv_pairs, scratch: int, dtype: torch.dtype, device: torch.device,
                  static: bool) -> None:
+        super().__init__(bucket)
         b, t, k = bucket.batch, bucket.width, bucket.kv
         self.ids = torch.zeros((b, t), dtype=torch.long, device=device)
         self.pos = torch.zeros((b, t), dtype=torch.long, device=device)
@@ -47,11 +60,6 @@ class Staging:
             for t_ in (self.ids, self.pos, self.cols, self.rows, self.mask):
                 torch._dynamo.mark_static_address(t_)
         self.cache = BucketCache(kv_pairs, self.rows, self.cols, k)
-        self.bucket = bucket
-        self.compile_s: float | None = None
-        self.cached: bool | None = None  # its graph came from the on-disk compile cache
-        self.alone_ms: float | None = None  # one call's time right after its compile, the engine idle
-        self.calls = 0
 
     def _pad(self, rows: int, width: int, kv_len: int, inputs: bool = True, mask: bool = True) -> None:
         """Put padding back into the region [:rows, :width] (mask: [..., :kv_len])."""
@@ -94,15 +102,16 @@ class Staging:
         return self.ids, self.pos, self.mask, self.cache
 
 
-class WidthStaging:
+class WidthStaging(GraphRecord):
     """The inputs of a bucket whose graph takes any step width T in [2, width] (the width dimension
     marked dynamic): per T, views [Bb, T] (mask [Bb, 1, T, Kb]) of buffers sized for the widest
     step, created once each. A one-token step runs at T = 2, its second column padding. The views
     of different widths share memory, so each step rewrites its view whole."""
 
     def __init__(self, bucket: Bucket, kv_pairs, scratch: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(bucket)
         b, t, k = bucket.batch, bucket.width, bucket.kv
-        self.bucket, self.scratch, self.pairs = bucket, scratch, kv_pairs
+        self.scratch, self.pairs = scratch, kv_pairs
         self.min = torch.finfo(dtype).min
         self._ids = torch.zeros(b * t, dtype=torch.long, device=device)
         self._pos = torch.zeros(b * t, dtype=torch.long, device=device)
@@ -111,10 +120,6 @@ class WidthStaging:
         self.rows = torch.arange(b, device=device)[:, None]
         self._views: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]] = {}
         self.width = 2  # of the step staged last
-        self.compile_s: float | None = None
-        self.cached: bool | None = None
-        self.alone_ms: float | None = None
-        self.calls = 0
 
     def _at(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]:
         views = self._views.get(t)

@@ -1,15 +1,16 @@
 """A compiled decode bucket's inputs: the staging buffers allocated once per bucket, and a
-transformers Cache over the engine's KV slot tensors at the bucket's shape. A bucket of static
-shape pads every step to it (`Staging`); a bucket of dynamic width runs each step at its own
-width, padded in batch and keys only (`WidthStaging`).
+transformers Cache over the engine's KV slot tensors at the bucket's batch. A bucket of static
+shape pads every step to it (`Staging`, CUDA graphs); a bucket of dynamic shape (CPU) runs each
+step at its own key length, and at its own width where the bucket is wider than two, padded in
+batch only (`DynamicStaging`).
 
 * padding positions (rows >= B, columns >= T) take token 0 at position 0, see key column 0 only
   (a row that sees nothing turns to NaN) and write their keys to the *scratch column*
   `capacity - 1` of their slot, which no committed token occupies (the engine's capacity is
   max_seq_len + max_step_tokens; `CompiledForward.can_run` checks it) and no real write reaches;
 * keys and values are written in place into the `BatchKVCache` slot tensors (one index_put per
-  layer), and attention reads `keys[:Bb, :, :Kb]`, the mask hiding everything past each row's
-  own block.
+  layer), and attention reads `keys[:Bb, :, :K]` (K: the bucket's key length, or the step's
+  where dynamic), the mask hiding everything past each row's own block.
 """
 from __future__ import annotations
 
@@ -97,46 +98,65 @@ class Staging(GraphRecord):
         self._pad(*self.used)
         self.used = (0, 0, 0)
 
-    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]:
-        """(ids, positions, mask, cache) as the graph takes them."""
-        return self.ids, self.pos, self.mask, self.cache
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]:
+        """(ids, positions, mask, KV columns, cache) as the graph takes them."""
+        return self.ids, self.pos, self.mask, self.cols, self.cache
 
 
-class WidthStaging(GraphRecord):
-    """The inputs of a bucket whose graph takes any step width T in [2, width] (the width dimension
-    marked dynamic): per T, views [Bb, T] (mask [Bb, 1, T, Kb]) of buffers sized for the widest
-    step, created once each. A one-token step runs at T = 2, its second column padding. The views
-    of different widths share memory, so each step rewrites its view whole."""
+Views = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # ids, positions, mask, KV columns
+
+
+class DynamicStaging(GraphRecord):
+    """The inputs of a bucket whose graph takes any key length K in [2, kv] (the key dimension
+    marked dynamic) and, when wider than two, any step width T in [2, width] (the width too): each
+    step's inputs are views [Bb, T] (mask [Bb, 1, T, K]) of buffers sized once for the widest and
+    longest step. A one-token step in a graph of dynamic width runs at T = 2, its second column
+    padding. The views of different shapes share memory, so each step writes its view whole: its
+    own rows and columns, and padding around them."""
 
     def __init__(self, bucket: Bucket, kv_pairs, scratch: int, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__(bucket)
-        b, t, k = bucket.batch, bucket.width, bucket.kv
-        self.scratch, self.pairs = scratch, kv_pairs
+        b, t = bucket.batch, bucket.width
+        self.max_kv = min(bucket.kv, scratch)  # the scratch column stays outside every view
+        self.dynamic_width = t > 2
+        self.scratch = scratch
         self.min = torch.finfo(dtype).min
         self._ids = torch.zeros(b * t, dtype=torch.long, device=device)
         self._pos = torch.zeros(b * t, dtype=torch.long, device=device)
         self._cols = torch.full((b * t,), scratch, dtype=torch.long, device=device)
-        self._mask = torch.full((b * t * k,), self.min, dtype=dtype, device=device)
-        self.rows = torch.arange(b, device=device)[:, None]
-        self._views: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]] = {}
-        self.width = 2  # of the step staged last
+        self._mask = torch.full((b * t * self.max_kv,), self.min, dtype=dtype, device=device)
+        # The warm-up's views, at a typical lookahead step's size: a graph is tuned at the sizes it
+        # is compiled with.
+        self._warm = self._mark(self._view(self._width(min(8, t)), min(256, self.max_kv)))
+        self.clear()
+        self.cache = BucketCache(kv_pairs, torch.arange(b, device=device)[:, None], self._warm[3], self.max_kv)
 
-    def _at(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]:
-        views = self._views.get(t)
-        if views is None:
-            b, k = self.bucket.batch, self.bucket.kv
-            ids, pos, cols = (x[: b * t].view(b, t) for x in (self._ids, self._pos, self._cols))
-            mask = self._mask[: b * t * k].view(b, 1, t, k)
+    def _mark(self, views: Views) -> Views:
+        """Mark the views the graph is compiled with dynamic: its guards then admit any view whose
+        sizes lie in these ranges, so later steps' views go unmarked (~50 us a tensor)."""
+        ids, pos, mask, cols = views
+        if self.dynamic_width:
             for x, dim in ((ids, 1), (pos, 1), (cols, 1), (mask, 2)):
                 torch._dynamo.mark_dynamic(x, dim, min=2, max=self.bucket.width)
-            views = self._views[t] = (ids, pos, mask, BucketCache(self.pairs, self.rows, cols, k))
+        torch._dynamo.mark_dynamic(mask, 3, min=2, max=self.max_kv)
         return views
+
+    def _width(self, width: int) -> int:
+        """The width a step `width` tokens wide runs at."""
+        return max(width, 2) if self.dynamic_width else self.bucket.width
+
+    def _view(self, t: int, k: int) -> Views:
+        b = self.bucket.batch
+        ids, pos, cols = (x[: b * t].view(b, t) for x in (self._ids, self._pos, self._cols))
+        return ids, pos, self._mask[: b * t * k].view(b, 1, t, k), cols
 
     def stage(self, ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor | None, start: int | None,
               mask: torch.Tensor, arange: torch.Tensor) -> None:
         rows, width = ids.shape
-        vids, vpos, vmask, cache = self._blank(max(width, 2))
-        vcols = cache.cols
+        t, k = self._width(width), mask.shape[-1]
+        self._views = vids, vpos, vmask, vcols = self._view(t, k)
+        if self.compile_s is None:  # this step compiles the graph (a lazy bucket's first)
+            self._mark(self._views)
         vids[:rows, :width].copy_(ids)
         vpos[:rows, :width].copy_(pos)
         if cols is not None:
@@ -144,26 +164,29 @@ class WidthStaging(GraphRecord):
         else:  # one slot written contiguously from `start`
             assert start is not None
             torch.add(arange[:width], start, out=vcols[0, :width])
-        vmask[:rows, :, :width, : mask.shape[-1]].copy_(mask)
+        vmask[:rows, :, :width].copy_(mask)
+        if width < t:
+            self._pad(vids[:rows, width:], vpos[:rows, width:], vmask[:rows, :, width:], vcols[:rows, width:])
+        if rows < self.bucket.batch:
+            self._pad(vids[rows:], vpos[rows:], vmask[rows:], vcols[rows:])
+
+    def _pad(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cols: torch.Tensor) -> None:
+        """Padding positions: token 0 at position 0, seeing key column 0 only (a row that sees
+        nothing turns to NaN), writing to the scratch column."""
+        ids.zero_()
+        pos.zero_()
+        cols.fill_(self.scratch)
+        mask.fill_(self.min)
+        mask[..., 0] = 0.0
 
     def clear(self) -> None:
-        """All padding (a warm-up step then writes only scratch columns), at a width of a typical
-        lookahead step: a graph is tuned at the sizes it is compiled with."""
-        self._blank(min(8, self.bucket.width))
+        """The warm-up's views, all padding (a warm-up step then writes only scratch columns)."""
+        self._views = self._warm
+        self._pad(*self._warm)
 
-    def _blank(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]:
-        """The views of width `t`, all padding; the next call runs at `t`."""
-        self.width = t
-        views = vids, vpos, vmask, cache = self._at(t)
-        vids.zero_()
-        vpos.zero_()
-        cache.cols.fill_(self.scratch)
-        vmask.fill_(self.min)
-        vmask[..., 0] = 0.0  # padding queries see column 0 (a row that sees nothing turns to NaN)
-        return views
-
-    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]:
-        return self._at(self.width)
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, BucketCache]:
+        """(ids, positions, mask, KV columns, cache) as the graph takes them."""
+        return (*self._views, self.cache)
 
 
 class BucketLayer(CacheLayerMixin):
@@ -202,13 +225,18 @@ class BucketLayer(CacheLayerMixin):
 
 
 class BucketCache(Cache):
-    """A transformers Cache over the engine's slot tensors with a bucket's static shape."""
+    """A transformers Cache over the engine's slot tensors at a bucket's batch; each call binds
+    the step's KV columns and key length (`bind`, inside the compiled step: sizes a graph of
+    dynamic shape reads from its inputs)."""
 
     def __init__(self, kv_pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor, cols: torch.Tensor,
                  kv: int) -> None:
         self.rows, self.cols = rows, cols  # [Bb, 1] slot of each row, [Bb, Tb] KV column of each token
         self.batch, self.kv = rows.shape[0], kv
         super().__init__(layers=[BucketLayer(self, k, v) for k, v in kv_pairs])
+
+    def bind(self, cols: torch.Tensor, kv) -> None:
+        self.cols, self.kv = cols, kv
 
 
 def slot_tensors(cache, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:

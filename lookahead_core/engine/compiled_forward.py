@@ -4,9 +4,10 @@ The eager decode forward re-dispatches every op of the model each step; `torch.c
 (inductor) fuses the elementwise work and, on CPU with freezing, folds the weights into constants
 and packs them once. A step [B, T] attending to kv_len keys runs in the cheapest ready bucket
 (Bb >= B, Tb >= T, Kb >= kv_len), its inputs padded in the bucket's staging buffers
-(bucket_staging.py); the runner runs steps outside every bucket eagerly. With `dynamic_width` (the
-CPU default) a bucket wider than two takes any width from 2 to its own unpadded, in one graph:
-a bucket per batch then holds every step the planner may pick.
+(bucket_staging.py); the runner runs steps outside every bucket eagerly. With `dynamic` (the CPU
+default) a bucket's graph takes any key length up to its own unpadded (attention reads only the
+keys the step has), and a bucket wider than two any width from 2 to its own: a one-token bucket
+and one wide bucket per batch then hold every step the planner may pick.
 
 On CPU, freezing turns every *static* graph input into a constant, so nothing is marked static
 there and each frozen graph holds its own packed copy of the weights. Compiled graphs are kept in
@@ -26,9 +27,8 @@ from typing import Any
 
 import torch
 from torch._inductor import list_mode_options
-from transformers.cache_utils import Cache
 
-from lookahead_core.engine.bucket_staging import Bucket, Staging, WidthStaging, slot_tensors
+from lookahead_core.engine.bucket_staging import Bucket, BucketCache, DynamicStaging, Staging, slot_tensors
 from lookahead_core.engine.compile_setup import (
     CompileThrottle,
     cache_frozen_packed_weights,
@@ -55,7 +55,9 @@ def _pow2_upto(limit: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _decode_step(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: Cache):
+def _decode_step(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+                 cols: torch.Tensor, cache: BucketCache):
+    cache.bind(cols, mask.shape[-1])
     logits = model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache, use_cache=True).logits
     return logits, logits.argmax(dim=-1)
 
@@ -66,10 +68,12 @@ class CompiledForward:
     runs every other step eagerly.
 
     batch_buckets / width_buckets: sizes B and T are padded to (default: powers of two up to the
-    cache's max_batch / `max_width`); kv_buckets: key lengths, the cache's capacity always the
-    last. freezing (default on CPU) and gemm_autotune: `inductor_options`; mode: default
-    "reduce-overhead" on CUDA. A bucket compiles in `warmup`, on `compile_in_background`'s
-    thread, or (`lazy`) on the first step that needs it; else that step runs eagerly.
+    cache's max_batch / `max_width`); kv_buckets: key lengths (the most a bucket holds; a static
+    one pads to it), the cache's capacity always the last. dynamic (default on CPU): graphs take
+    any key length, and any width from 2 where the bucket is wider than two. freezing (default on
+    CPU) and gemm_autotune: `inductor_options`; mode: default "reduce-overhead" on CUDA. A bucket
+    compiles in `warmup`, on `compile_in_background`'s thread, or (`lazy`) on the first step that
+    needs it; else that step runs eagerly.
 
     The cache's decode rows are slots [0, B). The logits returned are a view of the graph's
     output, valid until the next call. Each instance compiles graphs of its own, and dynamo's
@@ -92,7 +96,7 @@ class CompiledForward:
         gemm_autotune: bool = True,
         mode: str | None = None,
         load_share: float = 0.25,
-        dynamic_width: bool | None = None,
+        dynamic: bool | None = None,
     ) -> None:
         self.model, self.cache = model, cache
         param = next(model.parameters())
@@ -109,13 +113,13 @@ class CompiledForward:
         self.freezing = (not cuda) if freezing is None else freezing
         self.static_inputs = cuda and not self.freezing  # freezing would fold static inputs into constants
         # CUDA graphs replay fixed shapes
-        self.dynamic_width = (not cuda) if dynamic_width is None else dynamic_width
+        self.dynamic = (not cuda) if dynamic is None else dynamic
         self.inductor_options = inductor_options(cuda, gemm_autotune) if self.freezing else {}
         self.mode = mode if mode is not None else ("reduce-overhead" if cuda else None)
         self.cudagraphs = cuda and self.mode in ("reduce-overhead", "max-autotune")
         options: dict[str, Any] = {**(list_mode_options(self.mode) if self.mode else {}),
                                    "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        graphs = len(self.batch_buckets) * len(self.width_buckets) * len(self.kv_buckets)  # dynamic: one each
+        graphs = len(self.batch_buckets) * len(self.width_buckets) * len(self.kv_buckets)  # dynamic: fewer
         self._fn = (torch.compile(_decode_step, fullgraph=True, dynamic=False, options=options,
                                   **recompile_limit(graphs)) if compile else _decode_step)
         install_sdpa_gqa()
@@ -132,7 +136,7 @@ class CompiledForward:
         self.load_share = load_share
         self.beat = 0  # the engine's step count
         self._arange = torch.arange(max(self.width_buckets), device=self.device)
-        self._staging: dict[Bucket, Staging | WidthStaging] = {}
+        self._staging: dict[Bucket, Staging | DynamicStaging] = {}
         self.calls = 0  # steps run in a graph
         self.graph_failures = 0  # calls of ready graphs that raised (each reran eagerly)
 
@@ -159,26 +163,28 @@ class CompiledForward:
             return None
         held = [b for b in list(self.ready)  # one copy: the compile thread adds to it
                 if b.batch >= rows and b.width >= width and b.kv >= kv_len]
-        return min(held, key=lambda b: (b.batch * self.run_width(b, width) * b.kv, b.batch), default=None)
+        # a dynamic graph reads the step's own keys, whichever bucket holds it
+        return min(held, key=lambda b: (b.batch * self.run_width(b, width) * (kv_len if self.dynamic else b.kv),
+                                        b.batch), default=None)
 
     def is_dynamic(self, bucket: Bucket) -> bool:
         """Its graph takes any width in [2, bucket.width]."""
-        return self.dynamic_width and bucket.width > 2
+        return self.dynamic and bucket.width > 2
 
     def run_width(self, bucket: Bucket, width: int) -> int:
         """The width a step `width` wide runs at in `bucket`."""
         return max(width, 2) if self.is_dynamic(bucket) else bucket.width
 
-    def _stage_for(self, bucket: Bucket) -> Staging | WidthStaging:
-        st: Staging | WidthStaging | None = self._staging.get(bucket)
+    def _stage_for(self, bucket: Bucket) -> Staging | DynamicStaging:
+        st: Staging | DynamicStaging | None = self._staging.get(bucket)
         if st is None:
             pairs = slot_tensors(self.cache, self.model, self.dtype, self.device)
             if self.static_inputs:
                 for k, v in pairs:
                     torch._dynamo.mark_static_address(k)
                     torch._dynamo.mark_static_address(v)
-            if self.is_dynamic(bucket):
-                st = WidthStaging(bucket, pairs, self.scratch, self.dtype, self.device)
+            if self.dynamic:
+                st = DynamicStaging(bucket, pairs, self.scratch, self.dtype, self.device)
             else:
                 st = Staging(bucket, pairs, self.scratch, self.dtype, self.device, self.static_inputs)
             self._staging[bucket] = st
@@ -186,7 +192,7 @@ class CompiledForward:
 
     # ---- running ----------------------------------------------------------------------------
 
-    def _run(self, st: Staging | WidthStaging) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, st: Staging | DynamicStaging) -> tuple[torch.Tensor, torch.Tensor]:
         first = st.compile_s is None
         t0 = time.perf_counter() if first else 0.0
         # Inductor reads its flags when it compiles, i.e. on a bucket's first call; freezing as a
@@ -223,7 +229,7 @@ class CompiledForward:
                 st.alone_ms = self._time_alone(st)
         return out
 
-    def _time_alone(self, st: Staging | WidthStaging, calls: int = 5) -> float | None:
+    def _time_alone(self, st: Staging | DynamicStaging, calls: int = 5) -> float | None:
         """The median of a few all-padding calls while the engine has no request: what this graph
         costs with the cores to itself, beside which /health shows what the same steps cost served.
         None when the engine stepped meanwhile (that timing would not be alone)."""
@@ -278,8 +284,8 @@ class CompiledForward:
         """The bucket whose graph runs a step of `rows` x `width` attending to `kv_len` keys over
         the cache's rows [0, rows) (`lazy`: compiled on its first step), or None: run it eagerly."""
         lo, hi = cache.rows
-        if not (lo == 0 and hi == rows and cache is self.cache):
-            return None
+        if not (lo == 0 and hi == rows and cache is self.cache) or (self.dynamic and kv_len < 2):
+            return None  # (dynamic sizes start at 2)
         bucket = self.bucket_for(rows, width, kv_len) if self.lazy else self.ready_bucket_for(rows, width, kv_len)
         if bucket is not None and bucket.batch > rows and max(cache.lengths[rows : bucket.batch]) > self.scratch:
             return None  # a padding row's slot holds a token in the scratch column

@@ -101,8 +101,9 @@ class EngineConfig(BaseModel):
         True, description="on CPU, time each linear layer of a bucket between inductor's C++ GEMM template and MKL "
                           "when compiling it (a longer compile; on AVX2, one-token steps ~1.6x and wide ones ~2x faster)")
     compile_kv: tuple[int, ...] = Field(
-        (512,), description="key lengths the compiled buckets are padded to (each doubles the graphs; the KV "
-                            "capacity at most); a step attending to more keys runs eagerly")
+        (), description="key lengths the compiled buckets hold at most (empty: the KV capacity); a step attending "
+                        "to more runs eagerly. On CPU a graph reads only the step's keys, whatever their number; "
+                        "on CUDA a bucket pads every step to its key length (each one doubles the graphs)")
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod
@@ -142,15 +143,15 @@ class EngineConfig(BaseModel):
     def _buckets_fit(self) -> EngineConfig:
         if self.compile == "off":
             return self
-        if not self.compile_buckets or not self.compile_kv:
-            raise ValueError("compile is on but compile_buckets or compile_kv is empty")
+        if not self.compile_buckets:
+            raise ValueError("compile is on but compile_buckets is empty")
         for batch, width in self.compile_buckets:
             if not 1 <= batch <= self.max_batch:
                 raise ValueError(f"compile bucket batch {batch} is outside [1, max_batch={self.max_batch}]")
             if not 1 <= width <= self.max_step_tokens:
                 raise ValueError(f"compile bucket width {width} is outside [1, {self.max_step_tokens}], the widest "
                                  f"step max_n/max_w/max_g/max_lookup/max_successors allow")
-        if min(self.compile_kv) < 1:  # one beyond the KV capacity means the capacity
+        if self.compile_kv and min(self.compile_kv) < 1:  # one beyond the KV capacity means the capacity
             raise ValueError(f"compile_kv {min(self.compile_kv)} must be >= 1")
         return self
 

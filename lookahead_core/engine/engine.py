@@ -95,7 +95,7 @@ class Engine:
         if over:
             log.warning("engine.compile_buckets batch %s exceeds the %d KV slots of the plan (%s): compiled as "
                         "batch %d", ", ".join(map(str, over)), self.max_batch, self.kv_plan.describe(), self.max_batch)
-        kvs = sorted({min(kv, self.cache.capacity) for kv in cfg.compile_kv})
+        kvs = sorted({min(kv, self.cache.capacity) for kv in cfg.compile_kv}) or [self.cache.capacity]
         cf = CompiledForward(self.runner.model, self.cache, batch_buckets={b for b, _ in fitted},
                              width_buckets={w for _, w in fitted}, kv_buckets=kvs, lazy=False,
                              gemm_autotune=cfg.compile_autotune, load_share=cfg.compile_load_share)

@@ -134,7 +134,7 @@ def test_a_step_runs_in_the_cheapest_ready_bucket_that_holds_it(model):
     takes the cheapest ready one holding it, not the grid's rounding of each size apart."""
     cache = _prefilled(model)
     cf = CompiledForward(model, cache, batch_buckets=(1, 2, 4), width_buckets=(1, 4), compile=False, lazy=False,
-                         dynamic_width=False)
+                         dynamic=False)
     runner = _runner(cf)
     assert cf.ready_bucket_for(1, 1, 40) is None  # nothing ready yet: eager
     cf.warmup([Bucket(1, 1, CAP), Bucket(4, 1, CAP), Bucket(2, 4, CAP)])
@@ -152,7 +152,7 @@ def test_a_step_runs_in_the_cheapest_ready_bucket_that_holds_it(model):
 
 def test_steps_outside_every_bucket_run_eagerly(model):
     cache = _prefilled(model)
-    cf = CompiledForward(model, cache, batch_buckets=(1, 2), width_buckets=(1, 4), compile=False, dynamic_width=False)
+    cf = CompiledForward(model, cache, batch_buckets=(1, 2), width_buckets=(1, 4), compile=False, dynamic=False)
     runner = _runner(cf)
     assert cf.bucket_for(3, 1, 40) is None  # more rows than the largest bucket
     assert cf.bucket_for(1, 5, 40) is None  # wider than the largest bucket
@@ -162,7 +162,7 @@ def test_steps_outside_every_bucket_run_eagerly(model):
     ref, _ = _run(_eager(cf.model), ref_cache, 3, 2, 7)
     pred, logits = _run(runner.decode, cache, 3, 2, 7)
     assert pred == ref and cf.calls == 0 and runner.eager_forwards == 1
-    padded = CompiledForward(model, cache, batch_buckets=(2,), width_buckets=(4,), compile=False, dynamic_width=False)
+    padded = CompiledForward(model, cache, batch_buckets=(2,), width_buckets=(4,), compile=False, dynamic=False)
     cache.lengths[1] = CAP  # the slot that would pad a one-row step holds a token in the scratch column
     padded_runner = _runner(padded)
     _run(padded_runner.decode, cache, 1, 2, 7)
@@ -179,10 +179,11 @@ def test_steps_outside_every_bucket_run_eagerly(model):
 
 
 @pytest.mark.compile
-def test_a_bucket_of_dynamic_width_runs_every_width_in_one_graph(model):
-    """A (2, 8) bucket of dynamic width: steps 1 to 8 tokens wide, of one row or two, run in one
-    graph at their own width (a one-token step at two), with the eager tokens, logits and KV
-    writes; the step is priced at its own width against the other ready buckets."""
+def test_a_dynamic_bucket_runs_every_width_and_key_length_in_one_graph(model):
+    """A (2, 8) bucket of dynamic shape: steps 1 to 8 tokens wide, of one row or two, attending to
+    14 to 41 keys, run in one graph at their own width (a one-token step at two) and key length,
+    with the eager tokens, logits and KV writes; the step is priced at its own width against the
+    other ready buckets."""
     eager_cache, cache = _prefilled(model), _prefilled(model)
     cf = CompiledForward(model, cache, batch_buckets=(1, 2), width_buckets=(1, 8), kv_buckets=(CAP,), lazy=False)
     runner = _runner(cf)
@@ -198,7 +199,9 @@ def test_a_bucket_of_dynamic_width_runs_every_width_in_one_graph(model):
         assert pred == ref_pred, (rows, width)
         torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
         _same_writes(eager_cache, cache, rows, width)
-    assert frames["ok"] == before, "a width recompiled"
+        mask = cf._staging[Bucket(2, 8, CAP)].inputs()[2]
+        assert mask.shape[2:] == (max(width, 2), max(PREFILLED[:rows]) + width)  # unpadded width and keys
+    assert frames["ok"] == before, "a width or key length recompiled"
     assert cf.calls == 6 and cf._staging[Bucket(2, 8, CAP)].calls == 7  # and the warm-up
 
 
@@ -369,7 +372,7 @@ def test_engine_compile_auto_serves_while_compiling(model):
 @pytest.mark.parametrize("buckets, error", [
     ([(5, 1)], "batch 5 is outside"),
     ([(1, 999)], "width 999 is outside"),
-    ([], "compile_buckets or compile_kv is empty"),
+    ([], "compile_buckets is empty"),
 ])
 def test_compile_buckets_outside_the_engine_are_refused(buckets, error):
     with pytest.raises(ValueError, match=error):

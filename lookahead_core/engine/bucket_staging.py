@@ -2,7 +2,8 @@
 transformers Cache over the engine's KV slot tensors at the bucket's batch. A bucket of static
 shape pads every step to it (`Staging`, CUDA graphs); a bucket of dynamic shape (CPU) runs each
 step at its own key length, and at its own width where the bucket is wider than two, padded in
-batch only (`DynamicStaging`).
+batch only (`DynamicStaging`). A *prefill* bucket's graph runs a prompt chunk of any one slot:
+its row's slot is an input, and attention reads a copy of that slot's keys.
 
 * padding positions (rows >= B, columns >= T) take token 0 at position 0, see key column 0 only
   (a row that sees nothing turns to NaN) and write their keys to the *scratch column*
@@ -27,6 +28,7 @@ class Bucket:
     batch: int
     width: int
     kv: int
+    prefill: bool = False  # a prompt chunk of any one slot (its keys gathered), not the decode rows [0, batch)
 
 
 class GraphRecord:
@@ -76,7 +78,7 @@ class Staging(GraphRecord):
             m[..., 0] = 0.0
 
     def stage(self, ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor | None, start: int | None,
-              mask: torch.Tensor, arange: torch.Tensor) -> None:
+              mask: torch.Tensor, arange: torch.Tensor, slot: int = 0) -> None:
         rows, width = ids.shape
         kv_len = mask.shape[-1]
         r0, w0, k0 = self.used
@@ -117,6 +119,7 @@ class DynamicStaging(GraphRecord):
     def __init__(self, bucket: Bucket, kv_pairs, scratch: int, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__(bucket)
         b, t = bucket.batch, bucket.width
+        self.warm_width = min(32 if bucket.prefill else 8, t)
         self.max_kv = min(bucket.kv, scratch)  # the scratch column stays outside every view
         self.dynamic_width = t > 2
         self.scratch = scratch
@@ -127,9 +130,10 @@ class DynamicStaging(GraphRecord):
         self._mask = torch.full((b * t * self.max_kv,), self.min, dtype=dtype, device=device)
         # The warm-up's views, at a typical lookahead step's size: a graph is tuned at the sizes it
         # is compiled with.
-        self._warm = self._mark(self._view(self._width(min(8, t)), min(256, self.max_kv)))
+        self._warm = self._mark(self._view(self._width(self.warm_width), min(256, self.max_kv)))
         self.clear()
-        self.cache = BucketCache(kv_pairs, torch.arange(b, device=device)[:, None], self._warm[3], self.max_kv)
+        self.rows = torch.arange(b, device=device)[:, None]  # each row's slot
+        self.cache = BucketCache(kv_pairs, self.rows, self._warm[3], self.max_kv, gather=bucket.prefill)
 
     def _mark(self, views: Views) -> Views:
         """Mark the views the graph is compiled with dynamic: its guards then admit any view whose
@@ -151,9 +155,11 @@ class DynamicStaging(GraphRecord):
         return ids, pos, self._mask[: b * t * k].view(b, 1, t, k), cols
 
     def stage(self, ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor | None, start: int | None,
-              mask: torch.Tensor, arange: torch.Tensor) -> None:
+              mask: torch.Tensor, arange: torch.Tensor, slot: int = 0) -> None:
         rows, width = ids.shape
         t, k = self._width(width), mask.shape[-1]
+        if self.bucket.prefill:
+            self.rows.fill_(slot)
         self._views = vids, vpos, vmask, vcols = self._view(t, k)
         if self.compile_s is None:  # this step compiles the graph (a lazy bucket's first)
             self._mark(self._views)
@@ -212,6 +218,8 @@ class BucketLayer(CacheLayerMixin):
         # [Bb, H, Tb, D] -> [Bb, Tb, H, D]: row r, step token t lands at (rows[r], :, cols[r, t]).
         self.keys[o.rows, :, o.cols] = key_states.transpose(1, 2)
         self.values[o.rows, :, o.cols] = value_states.transpose(1, 2)
+        if o.gather:  # a copy of the rows' own slots' keys (a prompt chunk's one slot: small)
+            return self.keys[:, :, : o.kv].index_select(0, o.rows[:, 0]), self.values[:, :, : o.kv].index_select(0, o.rows[:, 0])
         return self.keys[: o.batch, :, : o.kv], self.values[: o.batch, :, : o.kv]
 
     def get_seq_length(self) -> int:
@@ -230,9 +238,10 @@ class BucketCache(Cache):
     dynamic shape reads from its inputs)."""
 
     def __init__(self, kv_pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor, cols: torch.Tensor,
-                 kv: int) -> None:
+                 kv: int, gather: bool = False) -> None:
         self.rows, self.cols = rows, cols  # [Bb, 1] slot of each row, [Bb, Tb] KV column of each token
         self.batch, self.kv = rows.shape[0], kv
+        self.gather = gather  # attention reads the rows' slots, else slots [0, Bb)
         super().__init__(layers=[BucketLayer(self, k, v) for k, v in kv_pairs])
 
     def bind(self, cols: torch.Tensor, kv) -> None:

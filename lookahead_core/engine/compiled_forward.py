@@ -119,7 +119,7 @@ class CompiledForward:
         self.cudagraphs = cuda and self.mode in ("reduce-overhead", "max-autotune")
         options: dict[str, Any] = {**(list_mode_options(self.mode) if self.mode else {}),
                                    "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        graphs = len(self.batch_buckets) * len(self.width_buckets) * len(self.kv_buckets)  # dynamic: fewer
+        graphs = len(self.batch_buckets) * len(self.width_buckets) * len(self.kv_buckets) + 1  # and a prefill graph
         self._fn = (torch.compile(_decode_step, fullgraph=True, dynamic=False, options=options,
                                   **recompile_limit(graphs)) if compile else _decode_step)
         install_sdpa_gqa()
@@ -135,7 +135,7 @@ class CompiledForward:
         self.busy = False  # set by the engine while it has requests: a background compile slows down
         self.load_share = load_share
         self.beat = 0  # the engine's step count
-        self._arange = torch.arange(max(self.width_buckets), device=self.device)
+        self._arange = torch.arange(self.capacity, device=self.device)
         self._staging: dict[Bucket, Staging | DynamicStaging] = {}
         self.calls = 0  # steps run in a graph
         self.graph_failures = 0  # calls of ready graphs that raised (each reran eagerly)
@@ -147,13 +147,13 @@ class CompiledForward:
         step), or None (the eager forward runs it)."""
         if kv_len > self.scratch:  # the scratch column must stay outside every real write
             return None
-        picks = []
+        picks: list[int] = []
         for size, sizes in ((rows, self.batch_buckets), (width, self.width_buckets), (kv_len, self.kv_buckets)):
             i = bisect.bisect_left(sizes, size)
             if i == len(sizes):
                 return None
             picks.append(sizes[i])
-        return Bucket(*picks)
+        return Bucket(picks[0], picks[1], picks[2])
 
     def ready_bucket_for(self, rows: int, width: int, kv_len: int) -> Bucket | None:
         """The cheapest compiled bucket that holds the step (fewest padded rows x width x keys), or
@@ -162,7 +162,7 @@ class CompiledForward:
         if kv_len > self.scratch:  # the scratch column must stay outside every real write
             return None
         held = [b for b in list(self.ready)  # one copy: the compile thread adds to it
-                if b.batch >= rows and b.width >= width and b.kv >= kv_len]
+                if b.batch >= rows and b.width >= width and b.kv >= kv_len and not b.prefill]
         # a dynamic graph reads the step's own keys, whichever bucket holds it
         return min(held, key=lambda b: (b.batch * self.run_width(b, width) * (kv_len if self.dynamic else b.kv),
                                         b.batch), default=None)
@@ -185,6 +185,8 @@ class CompiledForward:
                     torch._dynamo.mark_static_address(v)
             if self.dynamic:
                 st = DynamicStaging(bucket, pairs, self.scratch, self.dtype, self.device)
+            elif bucket.prefill:
+                raise ValueError(f"{bucket}: a prefill graph needs dynamic shapes (CPU)")
             else:
                 st = Staging(bucket, pairs, self.scratch, self.dtype, self.device, self.static_inputs)
             self._staging[bucket] = st
@@ -273,7 +275,8 @@ class CompiledForward:
     def status(self) -> list[dict]:
         """Every bucket set up: its shape, whether it runs compiled, its compile (or cache load)
         seconds, whether it came from the on-disk cache, and its calls."""
-        return [{"batch": b.batch, "width": b.width, "kv": b.kv, "ready": b in self.ready,
+        return [{"batch": b.batch, "width": b.width, "kv": b.kv, **({"prefill": True} if b.prefill else {}),
+                 "ready": b in self.ready,
                  "compile_s": None if st.compile_s is None else round(st.compile_s, 1), "cached": st.cached,
                  "calls": st.calls,
                  "alone_ms": st.alone_ms,
@@ -291,6 +294,14 @@ class CompiledForward:
             return None  # a padding row's slot holds a token in the scratch column
         return bucket
 
+    def can_prefill(self, width: int, kv_len: int, cache) -> Bucket | None:
+        """The ready prefill bucket whose graph runs a prompt chunk `width` tokens long of the one
+        slot the cache is prepared for, attending to `kv_len` keys, or None."""
+        if cache is not self.cache or cache.write_start is None or not 2 <= width <= kv_len <= self.scratch:
+            return None
+        held = [b for b in list(self.ready) if b.prefill and b.width >= width and b.kv >= kv_len]
+        return min(held, key=lambda b: b.width, default=None)
+
     def replay(self, bucket: Bucket, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
                cache) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(greedy next token [B, T], logits [B, T, V]) of the step in `bucket`'s graph; the cache is
@@ -299,7 +310,7 @@ class CompiledForward:
         rows, width = input_ids.shape
         st = self._stage_for(bucket)
         if cache.write_start is not None:
-            st.stage(input_ids, position_ids, None, cache.write_start, mask, self._arange)
+            st.stage(input_ids, position_ids, None, cache.write_start, mask, self._arange, cache.rows[0])
         else:
             st.stage(input_ids, position_ids, cache.write_index, None, mask, self._arange)
         try:

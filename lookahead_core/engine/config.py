@@ -100,6 +100,9 @@ class EngineConfig(BaseModel):
     compile_autotune: bool = Field(
         True, description="on CPU, time each linear layer of a bucket between inductor's C++ GEMM template and MKL "
                           "when compiling it (a longer compile; on AVX2, one-token steps ~1.6x and wide ones ~2x faster)")
+    compile_prefill: bool = Field(
+        True, description="on CPU, one more graph: a prompt chunk (up to prefill_chunk tokens) of any request, "
+                          "while others decode; without it only a request that arrives alone prefills compiled")
     compile_kv: tuple[int, ...] = Field(
         (), description="key lengths the compiled buckets hold at most (empty: the KV capacity); a step attending "
                         "to more runs eagerly. On CPU a graph reads only the step's keys, whatever their number; "

@@ -100,10 +100,9 @@ class Engine:
                              width_buckets={w for _, w in fitted}, kv_buckets=kvs, lazy=False,
                              gemm_autotune=cfg.compile_autotune, load_share=cfg.compile_load_share)
         buckets = [Bucket(b, w, kv) for b, w in fitted for kv in kvs]
-        if cfg.compile == "on":
-            cf.warmup(buckets)
-        else:
-            cf.compile_in_background(buckets)
+        if cfg.compile_prefill and cf.dynamic and cfg.prefill_chunk > 1:  # after the batch-1 graphs
+            buckets.insert(sum(b.batch == 1 for b in buckets), Bucket(1, cfg.prefill_chunk, kvs[-1], prefill=True))
+        cf.warmup(buckets) if cfg.compile == "on" else cf.compile_in_background(buckets)
         return cf
 
     @property
@@ -119,7 +118,8 @@ class Engine:
         """The compiled decode buckets (`CompiledForward.status`), each with what steps of its batch
         and width cost served beside what its graph cost alone (for /health)."""
         costs = self.runner.costs
-        return [{**b, "served_ms": None if (ms := costs.measured(b["batch"], b["width"])) is None else round(ms, 3)}
+        return [{**b, "served_ms": None if b.get("prefill") or (ms := costs.measured(b["batch"], b["width"])) is None
+                 else round(ms, 3)}
                 for b in (self.compiled.status() if self.compiled is not None else [])]
 
     # ---- requests -------------------------------------------------------------------------

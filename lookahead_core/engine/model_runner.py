@@ -93,12 +93,14 @@ class ModelRunner:
                 all_logits: bool = False) -> torch.Tensor:
         """Write the keys of `input_ids` [B, T] at positions start.. into the cache; logits [B, T', V]
         whose last row follows the last token (every row with `all_logits`, for prompt logprobs).
-        Without `mask` the model applies its causal mask. A chunk a ready graph holds (the cache's
-        first slot: a request that arrives alone) runs in it, every row's logits computed."""
+        Without `mask` the model applies its causal mask. A chunk a ready graph holds runs in it,
+        every row's logits computed: for the cache's first slot (a request that arrives alone) a
+        batch-1 decode graph, for any slot the prefill graph."""
         positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
         graphs = self.graphs
         if graphs is not None and mask is not None and input_ids.shape[0] == 1:
-            bucket = graphs.can_run(1, input_ids.shape[1], mask.shape[-1], cache)
+            width, kv_len = input_ids.shape[1], mask.shape[-1]
+            bucket = graphs.can_run(1, width, kv_len, cache) or graphs.can_prefill(width, kv_len, cache)
             out = None if bucket is None else graphs.replay(bucket, input_ids, positions, mask, cache)
             if out is not None:
                 return out[1]

@@ -230,6 +230,34 @@ def test_a_prompt_chunk_in_the_first_slot_prefills_in_a_graph(model):
         assert cf.calls == 1  # slot 1: eager
 
 
+@pytest.mark.compile
+def test_a_prompt_chunk_of_any_slot_prefills_in_the_prefill_graph(model):
+    """The prefill graph runs a chunk of whichever slot the cache is prepared for, reading that
+    slot's keys: the eager prefill's logits, and the same KV writes, nothing else touched; it
+    never takes a decode step."""
+    eager_cache, cache = _prefilled(model), _prefilled(model)
+    cf = CompiledForward(model, cache, batch_buckets=(1,), width_buckets=(1,), kv_buckets=(CAP,), lazy=False)
+    prefill = Bucket(1, 8, CAP, prefill=True)
+    cf.warmup([prefill])
+    runner, eager = _runner(cf), ModelRunner(model)
+    frames = torch._dynamo.utils.counters["frames"]
+    before = frames["ok"]
+    for slot, width in ((1, 6), (2, 3), (0, 8), (3, 2)):
+        ids = torch.randint(2, 256, (1, width), generator=torch.Generator().manual_seed(slot))
+        start = PREFILLED[slot]
+        mask = torch.zeros((1, 1, width, start + width))
+        mask[0, 0, :, start:] = torch.full((width, width), MIN).triu_(1)
+        with torch.inference_mode():
+            for c in (eager_cache, cache):
+                c.prepare_slot(slot, start, width)
+            ref = eager.prefill(ids, start, eager_cache, mask, all_logits=True)
+            logits = runner.prefill(ids, start, cache, mask, all_logits=True)
+        torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+        _same_writes(eager_cache, cache, 0, 0)
+    assert cf._staging[prefill].calls == 5 and frames["ok"] == before  # and the warm-up; no recompile
+    assert cf.ready_bucket_for(1, 2, 40) is None  # decode steps never run in it
+
+
 def test_a_graph_that_raises_is_dropped_and_its_step_reruns_eagerly(model):
     """A ready graph that raises on a step: that step still returns the eager result (same KV
     writes), the bucket turns failed, and later steps take another ready bucket or run eagerly."""
@@ -346,7 +374,7 @@ def test_engine_requests_complete_when_every_graph_raises(model):
 
     engine.compiled._fn = broken
     assert _serve(engine, PROMPTS, modes) == eager
-    assert engine.compiled.graph_failures == 2 and not engine.compiled.ready
+    assert engine.compiled.graph_failures == 3 and not engine.compiled.ready  # two decode graphs, the prefill graph
     assert engine.runner.eager_forwards > 2 and engine.compiled.calls == 0
 
 
@@ -355,7 +383,8 @@ def test_engine_compile_auto_serves_while_compiling(model):
     """"auto" returns at once: the first requests run eagerly while the bucket compiles on a
     background thread, and run compiled once it is ready, with the same tokens throughout."""
     eager = _serve(Engine(model, EngineConfig(**ENGINE)), PROMPTS[:1], ["off"])
-    engine = Engine(model, EngineConfig(**ENGINE, compile="auto", compile_buckets=[(1, 2)], compile_kv=[32]))
+    engine = Engine(model, EngineConfig(**ENGINE, compile="auto", compile_buckets=[(1, 2)], compile_kv=[32],
+                                        compile_prefill=False))
     assert engine.compile_status()[0]["ready"] is False  # the compile has just started
     assert _serve(engine, PROMPTS[:1], ["off"]) == eager
     assert engine.runner.eager_forwards > 0

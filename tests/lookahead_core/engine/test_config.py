@@ -30,6 +30,7 @@ class RecordedCompile:
     def __init__(self, model, cache, **kwargs) -> None:
         self.kwargs = kwargs
         self.buckets = None
+        self.dynamic = False  # static shapes: the decode buckets only, no prefill graph
 
     def warmup(self, buckets):
         self.buckets = buckets

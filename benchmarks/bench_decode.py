@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compile-autotune", choices=["on", "off"], default="on",
                     help="on CPU, both compiled peers (HF's and our engine's) time inductor's C++ GEMM template "
                          "against MKL per layer (engine.compile_autotune)")
-    ap.add_argument("--compile-kv", default="256", help="engine compile key lengths, comma-separated")
+    ap.add_argument("--compile-kv", default="", help="engine compile key lengths, comma-separated (default: the KV capacity)")
     ap.add_argument("--successor-prefill", choices=["on", "off"], default=None,
                     help="engine: record the top-k after every prompt token (default: EngineConfig's)")
     ap.add_argument("--pool", choices=["on", "off", "both"], default="on", help="n-grams from prompt and output")
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> dict:
             max_lookup=max(p.lookup for p in la), max_successors=max(p.successors for p in la), lookahead=la[0],
             compile=args.engine_compile,
             compile_buckets=[tuple(int(x) for x in b.split("x")) for b in buckets.split(",")],
-            compile_kv=[int(k) for k in args.compile_kv.split(",")], compile_autotune=args.compile_autotune == "on",
+            compile_kv=[int(k) for k in args.compile_kv.split(",") if k], compile_autotune=args.compile_autotune == "on",
             row_price=args.row_price,  # as if rows cost this on any machine: tokens per step, not speed
             **({} if args.successor_prefill is None else {"successor_prefill": args.successor_prefill == "on"}))
     t_engine = time.perf_counter()

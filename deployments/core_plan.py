@@ -2,7 +2,7 @@
 
 A decode step is a parallel region: it is as slow as its slowest thread, so one thread preempted by
 the HTTP stack (Serve's proxy, the ingress, Ray's own processes, a client on the same machine) stalls
-the whole step. Two rules follow, measured in docs/BENCHMARKS.md ("Core plan"):
+the whole step. Two rules follow, measured in docs/BENCHMARKS.md ("Core plan: torch threads in the replica"):
 
 * A replica that asks for every core this machine gives it leaves one to the HTTP stack: torch runs
   `cores - 1` threads (at least one). A replica given fewer cores than the machine has (a cluster

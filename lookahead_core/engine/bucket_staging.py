@@ -30,6 +30,9 @@ class Bucket:
     kv: int
     prefill: bool = False  # a prompt chunk of any one slot (its keys gathered), not the decode rows [0, batch)
 
+    def __str__(self) -> str:
+        return f"{'prefill' if self.prefill else 'decode'} ({self.batch}, {self.width}, kv {self.kv})"
+
 
 class GraphRecord:
     """What a bucket's graph did: its compile (or cache load) seconds, whether it came from the
@@ -219,7 +222,8 @@ class BucketLayer(CacheLayerMixin):
         self.keys[o.rows, :, o.cols] = key_states.transpose(1, 2)
         self.values[o.rows, :, o.cols] = value_states.transpose(1, 2)
         if o.gather:  # a copy of the rows' own slots' keys (a prompt chunk's one slot: small)
-            return self.keys[:, :, : o.kv].index_select(0, o.rows[:, 0]), self.values[:, :, : o.kv].index_select(0, o.rows[:, 0])
+            slots = o.rows[:, 0]
+            return self.keys[:, :, : o.kv].index_select(0, slots), self.values[:, :, : o.kv].index_select(0, slots)
         return self.keys[: o.batch, :, : o.kv], self.values[: o.batch, :, : o.kv]
 
     def get_seq_length(self) -> int:

@@ -225,7 +225,7 @@ class CompiledForward:
             self._run(st)
             if first and st.compile_s is not None:
                 out[bucket] = st.compile_s
-                log.warning("%s decode bucket %s in %.1f s", "loaded" if st.cached else "compiled", bucket,
+                log.warning("%s %s in %.1f s", "loaded" if st.cached else "compiled", bucket,
                             st.compile_s)
                 release_freed_memory()
                 st.alone_ms = self._time_alone(st)
@@ -261,7 +261,7 @@ class CompiledForward:
                     self.warmup([b])
                 except Exception as exc:  # a bucket that cannot compile keeps running eagerly
                     self.failed[b] = f"{type(exc).__name__}: {exc}"
-                    log.exception("compiling decode bucket %s failed; it stays eager", b)
+                    log.exception("compiling %s failed; its steps run without it", b)
 
         self._compiler = start_throttled("compile-decode-buckets", work, CompileThrottle(self, self.load_share))
         return self._compiler
@@ -328,4 +328,4 @@ class CompiledForward:
         self.ready_changes += 1
         self.failed[bucket] = f"{type(exc).__name__}: {exc}"
         self.graph_failures += 1
-        log.exception("compiled decode bucket %s raised; its steps run without it from now on", bucket)
+        log.exception("%s raised; its steps run without it from now on", bucket)

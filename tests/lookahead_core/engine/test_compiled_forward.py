@@ -1,7 +1,8 @@
 """CompiledForward against the eager forward on a tiny random llama: the same greedy tokens, the same
-logits and the same KV writes, in two buckets (one padded to a kv bucket, one to the cache's
-capacity), a bucket reused without recompiling, and steps outside every bucket run eagerly; and
-the engine on it: compiled before the first step ("on") or in the background ("auto")."""
+logits and the same KV writes, in two buckets (one holding up to a kv bucket's keys, one up to the
+cache's capacity), a graph reused at other widths and key lengths without recompiling, prompt
+chunks in the prefill graph, and steps outside every bucket run eagerly; and the engine on it:
+compiled before the first step ("on") or in the background ("auto")."""
 import sys
 import threading
 import time
@@ -350,15 +351,17 @@ ENGINE = dict(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16, 
 @pytest.mark.compile
 def test_engine_compile_on_gives_eager_tokens(model):
     """Plain and lookahead rows, alone and batched, through buckets compiled before the first step:
-    the same tokens as the eager engine, and the steps did run compiled."""
+    the same tokens as the eager engine, and the steps did run compiled, prompts of slots after the
+    first in the prefill graph."""
     modes = ["off", "auto", LookaheadParams(3, 2, 2, lookup=4)]
     eager = _serve(Engine(model, EngineConfig(**ENGINE)), PROMPTS, modes)
     engine = Engine(model, EngineConfig(**ENGINE, compile="on", compile_buckets=[(1, 1), (4, 16)], compile_kv=[64]))
     assert all(b["ready"] for b in engine.compile_status())
     assert _serve(engine, PROMPTS, modes) == eager
     assert _serve(engine, PROMPTS[:1], ["off"]) == {0: eager[0]}  # one row, one token: the (1, 1) graph
-    calls = {(b["batch"], b["width"]): b["calls"] for b in engine.compile_status()}
-    assert calls[(4, 16)] > 1 and calls[(1, 1)] > 1, calls
+    calls = {(b["batch"], b["width"], b.get("prefill", False)): b["calls"] for b in engine.compile_status()}
+    assert calls[(4, 16, False)] > 1 and calls[(1, 1, False)] > 1, calls
+    assert calls[(1, 16, True)] >= 3, calls  # the warm-up, and the prompts of slots 1 and 2
 
 
 @pytest.mark.compile

@@ -57,24 +57,27 @@ def test_health_and_models(server):
 
 
 def test_decode_compiles_in_the_background_then_serves_the_same_tokens(server, local):
-    """The replica answered from the start (eagerly) while its (1, 1) bucket compiled on a
-    background thread ("auto"); once /health shows it ready, one-token steps run compiled with the
-    tokens the library gives."""
-    def bucket_status():
-        (status,) = requests.get(server + "/health", timeout=10).json()["compiled_decode"]["buckets"]
-        return status
+    """The replica answered from the start (eagerly) while its (1, 1) decode bucket and its prefill
+    graph compiled on a background thread ("auto"); once /health shows them ready, the prompt
+    prefills in the prefill graph and one-token steps run compiled, with the tokens the library
+    gives."""
+    def graphs():
+        decode, prefill = requests.get(server + "/health", timeout=10).json()["compiled_decode"]["buckets"]
+        return decode, prefill
 
-    wait_until(lambda: bucket_status()["ready"] or "error" in bucket_status(), 300, interval=1)
-    bucket = bucket_status()
-    assert bucket["ready"] and bucket["compile_s"] > 0 and (bucket["batch"], bucket["width"]) == (1, 1), bucket
+    wait_until(lambda: all(g["ready"] or "error" in g for g in graphs()), 300, interval=1)
+    decode, prefill = graphs()
+    assert decode["ready"] and decode["compile_s"] > 0 and (decode["batch"], decode["width"]) == (1, 1), decode
+    assert prefill["ready"] and prefill.get("prefill") and prefill["width"] == 32, prefill  # prefill_chunk
     r = post(server, "/generate", {"prompt": "def add(a, b):", "max_new_tokens": 20, "lookahead": "off"})
     assert r.status_code == 200, r.text
     tokens = r.json()["token_ids"]
     assert tokens == expected(local, "def add(a, b):", 20)
-    (after,) = requests.get(server + "/health", timeout=10).json()["compiled_decode"]["buckets"]
-    assert after["calls"] >= bucket["calls"] + len(tokens) - 1  # every decode step (the first token is prefill's)
+    decode_after, prefill_after = graphs()
+    assert decode_after["calls"] >= decode["calls"] + len(tokens) - 1  # every decode step (the first token is prefill's)
+    assert prefill_after["calls"] == prefill["calls"] + 1  # the prompt, one chunk
     # what the graph cost alone (None where the engine was stepping then) beside what its steps cost served
-    assert after["served_ms"] > 0 and (after["alone_ms"] is None or after["alone_ms"] > 0)
+    assert decode_after["served_ms"] > 0 and (decode_after["alone_ms"] is None or decode_after["alone_ms"] > 0)
 
 
 @pytest.mark.parametrize("lookahead", [{"n": 4, "w": 3, "g": 3}, {"n": 4, "w": 3, "g": 3, "adapt": False}])

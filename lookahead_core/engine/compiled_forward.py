@@ -163,9 +163,10 @@ class CompiledForward:
             return None
         held = [b for b in list(self.ready)  # one copy: the compile thread adds to it
                 if b.batch >= rows and b.width >= width and b.kv >= kv_len and not b.prefill]
-        # a dynamic graph reads the step's own keys, whichever bucket holds it
+        # a dynamic graph reads the step's own keys, whichever bucket holds it; on a tie the graph
+        # compiled (and tuned) at the step's own width wins
         return min(held, key=lambda b: (b.batch * self.run_width(b, width) * (kv_len if self.dynamic else b.kv),
-                                        b.batch), default=None)
+                                        b.batch, self.is_dynamic(b)), default=None)
 
     def is_dynamic(self, bucket: Bucket) -> bool:
         """Its graph takes any width in [2, bucket.width]."""

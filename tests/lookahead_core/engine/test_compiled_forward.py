@@ -192,6 +192,9 @@ def test_a_dynamic_bucket_runs_every_width_and_key_length_in_one_graph(model):
     assert cf.is_dynamic(Bucket(2, 8, CAP)) and not cf.is_dynamic(Bucket(1, 1, CAP))
     assert cf.ready_bucket_for(1, 1, 40) == Bucket(1, 1, CAP)
     assert cf.ready_bucket_for(1, 3, 40) == cf.ready_bucket_for(2, 1, 40) == Bucket(2, 8, CAP)
+    cf.ready.add(Bucket(2, 2, CAP))  # a static bucket of the step's own width wins the tie
+    assert cf.ready_bucket_for(2, 2, 40) == Bucket(2, 2, CAP) and cf.ready_bucket_for(2, 3, 40) == Bucket(2, 8, CAP)
+    cf.ready.discard(Bucket(2, 2, CAP))
     frames = torch._dynamo.utils.counters["frames"]
     before = frames["ok"]
     for seed, (rows, width) in enumerate([(2, 1), (1, 2), (2, 3), (1, 8), (2, 5), (2, 8)]):

@@ -33,6 +33,15 @@ class Bucket:
     def __str__(self) -> str:
         return f"{'prefill' if self.prefill else 'decode'} ({self.batch}, {self.width}, kv {self.kv})"
 
+    @property
+    def dynamic_width(self) -> bool:
+        """Its graph, where graphs take dynamic shapes, takes any width in [2, width]."""
+        return self.width > 2
+
+    def step_width(self, width: int) -> int:
+        """The width a step `width` tokens wide runs at in its graph of dynamic shapes."""
+        return max(width, 2) if self.dynamic_width else self.width
+
 
 class GraphRecord:
     """What a bucket's graph did: its compile (or cache load) seconds, whether it came from the
@@ -124,7 +133,6 @@ class DynamicStaging(GraphRecord):
         b, t = bucket.batch, bucket.width
         self.warm_width = min(32 if bucket.prefill else 8, t)
         self.max_kv = min(bucket.kv, scratch)  # the scratch column stays outside every view
-        self.dynamic_width = t > 2
         self.scratch = scratch
         self.min = torch.finfo(dtype).min
         self._ids = torch.zeros(b * t, dtype=torch.long, device=device)
@@ -133,7 +141,7 @@ class DynamicStaging(GraphRecord):
         self._mask = torch.full((b * t * self.max_kv,), self.min, dtype=dtype, device=device)
         # The warm-up's views, at a typical lookahead step's size: a graph is tuned at the sizes it
         # is compiled with.
-        self._warm = self._mark(self._view(self._width(self.warm_width), min(256, self.max_kv)))
+        self._warm = self._mark(self._view(bucket.step_width(self.warm_width), min(256, self.max_kv)))
         self.clear()
         self.rows = torch.arange(b, device=device)[:, None]  # each row's slot
         self.cache = BucketCache(kv_pairs, self.rows, self._warm[3], self.max_kv, gather=bucket.prefill)
@@ -142,15 +150,11 @@ class DynamicStaging(GraphRecord):
         """Mark the views the graph is compiled with dynamic: its guards then admit any view whose
         sizes lie in these ranges, so later steps' views go unmarked (~50 us a tensor)."""
         ids, pos, mask, cols = views
-        if self.dynamic_width:
+        if self.bucket.dynamic_width:
             for x, dim in ((ids, 1), (pos, 1), (cols, 1), (mask, 2)):
                 torch._dynamo.mark_dynamic(x, dim, min=2, max=self.bucket.width)
         torch._dynamo.mark_dynamic(mask, 3, min=2, max=self.max_kv)
         return views
-
-    def _width(self, width: int) -> int:
-        """The width a step `width` tokens wide runs at."""
-        return max(width, 2) if self.dynamic_width else self.bucket.width
 
     def _view(self, t: int, k: int) -> Views:
         b = self.bucket.batch
@@ -160,7 +164,7 @@ class DynamicStaging(GraphRecord):
     def stage(self, ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor | None, start: int | None,
               mask: torch.Tensor, arange: torch.Tensor, slot: int = 0) -> None:
         rows, width = ids.shape
-        t, k = self._width(width), mask.shape[-1]
+        t, k = self.bucket.step_width(width), mask.shape[-1]
         if self.bucket.prefill:
             self.rows.fill_(slot)
         self._views = vids, vpos, vmask, vcols = self._view(t, k)

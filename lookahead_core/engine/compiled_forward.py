@@ -170,11 +170,11 @@ class CompiledForward:
 
     def is_dynamic(self, bucket: Bucket) -> bool:
         """Its graph takes any width in [2, bucket.width]."""
-        return self.dynamic and bucket.width > 2
+        return self.dynamic and bucket.dynamic_width
 
     def run_width(self, bucket: Bucket, width: int) -> int:
         """The width a step `width` wide runs at in `bucket`."""
-        return max(width, 2) if self.is_dynamic(bucket) else bucket.width
+        return bucket.step_width(width) if self.dynamic else bucket.width
 
     def _stage_for(self, bucket: Bucket) -> Staging | DynamicStaging:
         st: Staging | DynamicStaging | None = self._staging.get(bucket)

@@ -13,13 +13,15 @@ class StepCosts:
     The cost of widening a step is a property of the machine, the model and its dtype, and it
     drifts (other load, clocks), so it is measured on every step rather than read from a file.
     `ratio(batch, width)` is what a step `width` tokens wide costs against a one-token step.
-    A width never measured is assumed to cost what the widest measured narrower step costs, so
-    it gets tried, and then measured; `prior_slope` stands in before anything is measured. A wide
-    cell with fewer than `settle` forwards is blended with the prior (CPU timings err slow: one
-    preempted forward must not price a width out before it was tried again). For the same reason
-    a forward counts at most `clip` times its cell's mean, and a cell not run in the last `stale`
-    forwards is priced by the prior again, so it gets tried and re-measured: a width priced out
-    under a burst of load is not priced out for good.
+    A width not yet settled is priced by a prior: the widest settled narrower width plus, per
+    token beyond it, the bucket's learned `slope` (`prior_slope` until two wide widths are
+    settled), so it gets tried where that says it pays, and then measured (where width is dear, a
+    fixed cheap prior had every width tried in turn, each costing far more than it was priced at).
+    A wide cell with fewer than `settle` forwards is blended with the prior (CPU timings err slow:
+    one preempted forward must not price a width out before it was tried again). For the same
+    reason a forward counts at most `clip` times its cell's mean, and a cell not run in the last
+    `stale` forwards is priced by the prior again, so it gets tried and re-measured: a width priced
+    out under a burst of load is not priced out for good.
     One cell per (bucket, width) the engine can run: the state is bounded by its limits.
     """
 
@@ -41,6 +43,7 @@ class StepCosts:
         self._seen: dict[tuple[int, int], int] = {}  # the forward count at each cell's latest forward
         self._narrowest: dict[int, int] = {}  # per batch bucket, the narrowest measured width
         self._widest: dict[int, int] = {}
+        self._priors: dict[int, tuple[int, list[tuple[int, float]], float]] = {}  # per bucket, at a forward count
         self.observed = 0
         self.last: tuple[int, int, float] | None = None  # (batch, width, ms) of the latest forward
 
@@ -65,6 +68,7 @@ class StepCosts:
         for key in self._seen:
             if key[0] == bucket:
                 self._seen[key] = self.observed - self.stale
+        self._priors.pop(bucket, None)
 
     def _fresh_n(self, key: tuple[int, int]) -> int:
         """Forwards behind this cell's mean; 0 once it has not run for `stale` forwards."""
@@ -79,18 +83,52 @@ class StepCosts:
         return self._ms.get((batch_bucket(batch), width))
 
     def ms(self, batch: int, width: int) -> float | None:
-        """The measured cost of this cell, or of the widest measured narrower cell; None if none."""
-        bucket, ms = batch_bucket(batch), self._ms
-        for w in range(width, 0, -1):
-            value = ms.get((bucket, w))
-            if value is not None:
-                n = self._fresh_n((bucket, w))
-                if w == 1 or n >= self.settle:
-                    return value
-                one = self.one_token_ms(batch)
-                assert one is not None  # a cell of this bucket is measured
-                return (n * value + (self.settle - n) * one * self.prior_ratio(w)) / self.settle
-        return None
+        """The measured cost of this cell once settled; before, its timings blended with the prior
+        (`prior_ms`); None before anything of this batch bucket ran."""
+        bucket = batch_bucket(batch)
+        value = self._ms.get((bucket, width))
+        n = self._fresh_n((bucket, width)) if value is not None else 0
+        if value is not None and (width == 1 or n >= self.settle):
+            return value
+        prior = self.prior_ms(batch, width)
+        if prior is None or value is None:
+            return prior
+        return (n * value + (self.settle - n) * prior) / self.settle
+
+    def prior_ms(self, batch: int, width: int) -> float | None:
+        """What a width not yet settled is expected to cost: the widest settled narrower width (a
+        one-token step at least) plus, per token beyond it, `slope` one-token steps."""
+        bucket = batch_bucket(batch)
+        one = self.one_token_ms(batch)
+        if one is None:
+            return None
+        settled, slope = self._prior_terms(bucket)
+        below_w, below = next(((w, v) for w, v in reversed(settled) if w < width), (1, one))
+        return max(below, one) + one * slope * (width - below_w)
+
+    def _prior_terms(self, bucket: int) -> tuple[list[tuple[int, float]], float]:
+        """(settled cells, slope) of a bucket, worked out once per forward observed: a step's plan
+        prices every width on offer."""
+        cached = self._priors.get(bucket)
+        if cached is None or cached[0] != self.observed:
+            settled = self._settled(bucket)
+            cached = self._priors[bucket] = (self.observed, settled, self.slope(bucket, settled))
+        return cached[1], cached[2]
+
+    def slope(self, bucket: int, settled: list[tuple[int, float]] | None = None) -> float:
+        """What one more token per row costs at this batch bucket, in one-token steps: the least
+        rise between two settled cells at least two wide (the step from one token to two may cost
+        more than its width says: it can leave a one-token graph for a wider one); `prior_slope`
+        while fewer than two are settled."""
+        cells = [(w, v) for w, v in (settled if settled is not None else self._settled(bucket)) if w > 1]
+        one = self.one_token_ms(1 << bucket)
+        rises = [(v2 - v1) / (w2 - w1) / one for (w1, v1), (w2, v2) in zip(cells, cells[1:])] if one else []
+        return max(min(rises), 0.0) if rises else self.prior_slope
+
+    def _settled(self, bucket: int) -> list[tuple[int, float]]:
+        """This bucket's fresh cells with at least `settle` forwards, narrowest first."""
+        return sorted((w, v) for (b, w), v in list(self._ms.items())
+                      if b == bucket and self._fresh_n((b, w)) >= self.settle)
 
     def prior_ratio(self, width: int) -> float:
         return 1.0 + self.prior_slope * (width - 1)

@@ -24,14 +24,16 @@ def test_ratio_is_measured_per_batch_bucket():
     assert costs.table() == {"b1t1": 10.0, "b1t9": 20.0, "b4t1": 30.0, "b4t9": 90.0}
 
 
-def test_an_unmeasured_width_costs_what_the_widest_narrower_one_costs():
-    costs = StepCosts(alpha=1.0, settle=1)
+def test_an_unmeasured_width_costs_the_widest_narrower_one_plus_the_slope():
+    costs = StepCosts(alpha=1.0, settle=1, prior_slope=0.05)
     costs.observe(1, 1, 10.0)
     costs.observe(1, 5, 15.0)
-    assert costs.ratio(1, 4) == 1.0  # optimistic: it gets tried, then measured
-    assert costs.ratio(1, 12) == 1.5
+    assert costs.ratio(1, 4) == pytest.approx(1.0 + 3 * 0.05)  # cheap: it gets tried, then measured
+    assert costs.ratio(1, 12) == pytest.approx(1.5 + 7 * 0.05)  # one wide width known: the prior slope
     costs.observe(1, 12, 25.0)
     assert costs.ratio(1, 12) == 2.5
+    assert costs.slope(0) == pytest.approx((25.0 - 15.0) / 7 / 10.0)  # learned from two wide widths
+    assert costs.ratio(1, 16) == pytest.approx(2.5 + 4 * costs.slope(0))
 
 
 def test_the_estimate_follows_a_drifting_cost():
@@ -71,6 +73,18 @@ def test_a_width_tried_only_a_few_times_is_priced_between_its_timings_and_the_pr
         c.observe(1, 2, 20.0)
     assert c.ratio(1, 2) == 2.0  # tried four times: its own timing
     assert c.ratio(1, 1) == 1.0
+
+
+def test_a_width_still_being_tried_is_priced_from_a_settled_narrower_one():
+    c = StepCosts(alpha=1.0, prior_slope=0.05, settle=4)
+    for _ in range(4):
+        c.observe(16, 1, 10.0)
+        c.observe(16, 2, 20.0)  # settled: width 2 costs twice a one-token step here
+    c.observe(16, 6, 21.0)  # tried once
+    prior = 20.0 + 10.0 * 0.05 * 4  # width 2's cost, then the slope per token beyond it
+    assert c.ratio(16, 6) == pytest.approx((21.0 + 3 * prior) / 4 / 10.0)  # not (21 + 3 * 12.5) / 4
+    assert c.ratio(16, 9) == pytest.approx((20.0 + 10.0 * 0.05 * 7) / 10.0)  # never measured
+    assert c.ratio(1, 6) == c.prior_ratio(6)  # another batch bucket knows nothing yet
 
 
 def test_one_preempted_forward_moves_the_mean_by_at_most_clip():

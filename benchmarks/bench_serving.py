@@ -109,14 +109,13 @@ def served_config(path: str, history: bool, port: int, out: Path, overrides: lis
     return out, args
 
 
-def model_folder(args: dict) -> str:
+def served_folder(args: dict) -> str:
     """The save_pretrained folder our replica loads (the GGUF dequantized once), for vLLM to serve."""
     from deployments.config import ModelArgs, resolve_path
-    from lookahead_core.models.loading import dequantized_gguf, resolve_model_path
+    from lookahead_core.models.loading import model_folder
 
     m = ModelArgs.model_validate(args.get("model", {}))
-    folder, gguf = resolve_model_path(resolve_path(m.path), m.gguf_file)
-    return str(dequantized_gguf(folder, gguf, m.resolved_cache_dir())) if gguf else folder
+    return model_folder(resolve_path(m.path), m.gguf_file, m.resolved_cache_dir())
 
 
 def in_process(app_args: dict, prompts: list[str], max_tokens: int) -> dict:
@@ -282,7 +281,7 @@ def main(argv: list[str] | None = None) -> dict:
             url = args.vllm_url or f"http://127.0.0.1:{args.port + 1}"
             dtype = health.get("dtype") or "float32"
             if args.vllm_url is None:
-                cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_folder(app_args),
+                cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", served_folder(app_args),
                        "--served-model-name", name, "--dtype", dtype, "--host", "127.0.0.1",
                        "--port", str(args.port + 1), *args.vllm_args.split()]
                 print("vllm:", " ".join(cmd), flush=True)

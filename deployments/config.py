@@ -109,12 +109,15 @@ class AppArgs(BaseModel):
     num_cpus: float = Field(1, ge=0, description="CPUs per model replica")
     torch_threads: int | None = Field(
         None, ge=1, description="torch threads per replica; default: the core plan's (deployments/core_plan.py)")
-    nice: int | None = Field(0, ge=-20, le=19, description="the replica's scheduling priority (Ray starts actors at 15); "
+    nice: int | None = Field(0, ge=-20, le=19, description="the engine's scheduling priority (Ray starts actors at 15); "
                                                            "null keeps Ray's")
+    engine_process: bool = Field(
+        True, description="the engine steps in a process of its own (its step never waits for the replica's Python, "
+                          "the GIL); false: on a thread of the replica's process")
     report_replica_sources: bool = Field(
         False, description="a response's lookahead.sources includes the rows from other requests' text (shared, "
                            "history); off, a client cannot read from them whether another tenant's text continued "
                            "its prompt. /health and the metrics count them either way")
 
     def core_plan(self, cores: int | None = None) -> CorePlan:
-        return CorePlan.build(self.num_cpus, self.torch_threads, self.nice, cores)
+        return CorePlan.build(self.num_cpus, self.torch_threads, self.nice, cores, own_process=self.engine_process)

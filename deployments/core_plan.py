@@ -1,16 +1,19 @@
-"""Where a model replica's threads run: how many torch threads, and at what priority.
+"""Where a model replica's engine threads run: how many torch threads, and at what priority.
 
 A decode step is a parallel region: it is as slow as its slowest thread, so one thread preempted by
-the HTTP stack (Serve's proxy, the ingress, Ray's own processes, a client on the same machine) stalls
-the whole step. Two rules follow, measured in docs/BENCHMARKS.md ("Core plan: torch threads in the replica"):
+the HTTP stack (Serve's proxy, the ingress, the replica's own event loop, Ray's processes, a client
+on the same machine) stalls the whole step. The rules, measured in docs/BENCHMARKS.md ("Core plan"):
 
 * A replica that asks for every core this machine gives it leaves one to the HTTP stack: torch runs
   `cores - 1` threads (at least one). A replica given fewer cores than the machine has (a cluster
-  node, `num_cpus` below the core count) runs one thread per core it asked for.
+  node, `num_cpus` below the core count) runs one thread per core it asked for. This holds with the
+  engine in a process of its own too: there, a thread on every core starved the HTTP stack.
 * Ray starts actors at nice 15 and its own raylet and GCS at nice 0, so every Ray heartbeat would
-  preempt a step. The replica's threads move to `nice` (0 by default), where the process may raise
-  its priority (root or CAP_SYS_NICE); the proxy and ingress stay at Ray's 15, below the step.
+  preempt a step. The engine's threads move to `nice` (0 by default), where the process may raise
+  its priority (root or CAP_SYS_NICE); the proxy, the ingress and (with the engine in a process of
+  its own, `own_process`) the replica's event loop stay at Ray's 15, below the step.
 
+The plan is applied where the engine steps (`apply`: in the engine's process, or the replica's).
 `torch_threads` in the app args overrides the thread rule; `nice: null` leaves Ray's priority.
 """
 from __future__ import annotations
@@ -35,15 +38,16 @@ def visible_cores() -> int:
 
 @dataclass(frozen=True)
 class CorePlan:
-    cores: int                 # cores visible to the replica's process
+    cores: int                 # cores visible to the replica
     num_cpus: float            # what the replica asked Ray for
     torch_threads: int
-    nice: int | None           # priority asked for the replica's threads (None: Ray's)
+    nice: int | None           # priority asked for the engine's threads (None: Ray's)
     reason: str
+    own_process: bool = True   # the engine steps in a process of its own (which `apply` runs in)
 
     @classmethod
     def build(cls, num_cpus: float, torch_threads: int | None = None, nice: int | None = 0,
-              cores: int | None = None) -> CorePlan:
+              cores: int | None = None, own_process: bool = True) -> CorePlan:
         cores = cores or visible_cores()
         asked = max(1, int(num_cpus))
         if torch_threads is not None:
@@ -52,10 +56,11 @@ class CorePlan:
             threads, reason = cores - 1, f"the replica has all {cores} cores: one is left to the HTTP stack"
         else:
             threads, reason = min(asked, cores), f"one thread per core asked for (num_cpus {num_cpus:g})"
-        return cls(cores, num_cpus, threads, nice, reason)
+        return cls(cores, num_cpus, threads, nice, reason, own_process)
 
     def apply(self) -> dict:
-        """Set torch's threads and this process's priority; returns what took effect (for /health)."""
+        """Set torch's threads and this process's priority (the engine's process); returns what took
+        effect (for /health)."""
         torch.set_num_threads(self.torch_threads)
         applied = renice(self.nice) if self.nice is not None else None
         status = {**asdict(self), "nice_now": os.getpriority(os.PRIO_PROCESS, 0)}

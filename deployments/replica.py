@@ -2,45 +2,28 @@
 request runs through lookahead_core.serving.RequestProcessor."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import time
 from collections.abc import AsyncIterator
 
-import torch
 from ray import serve
 from ray.serve import metrics
 
 from lookahead_core.engine.async_engine import AsyncEngine
-from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.generation import warm_up
-from lookahead_core.engine.kv_budget import free_memory
-from lookahead_core.engine.model_runner import ModelRunner
-from lookahead_core.models.loading import cpu_capability, dtype_reason, load_model
+from lookahead_core.engine.engine_process import EngineProcess
+from lookahead_core.engine.engine_status import rss_mb
+from lookahead_core.models.loading import cpu_capability, load_tokenizer, model_folder
 from lookahead_core.serving import Completion, Delta, RequestError, RequestProcessor, ServeRequest
 from lookahead_core.serving.outputs import REPLICA_TEXT_SOURCES
 
 from .autoscaling import RUNNING, WAITING
 from .config import AppArgs, resolve_path
+from .replica_engine import build_engine
 
 log = logging.getLogger("ray.serve")
-
-
-def _rss_mb() -> float | None:
-    try:
-        with open("/proc/self/statm") as f:
-            return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _step_time(engine) -> dict:
-    """Mean milliseconds per engine step: in decode forwards, in prefill forwards, and on the host
-    (planning, masks, verification: the rest of the step), over the replica's life."""
-    steps = max(engine.steps, 1)
-    host = engine.step_s - engine.forward_s - engine.prefill_s
-    return {"steps": engine.steps, "forward": round(1000 * engine.forward_s / steps, 3),
-            "prefill": round(1000 * engine.prefill_s / steps, 3), "host": round(1000 * host / steps, 3)}
 
 
 # A dead replica is noticed within ~2 s and replaced (Serve's default checks every 10 s).
@@ -49,38 +32,28 @@ class LookaheadModel:
     def __init__(self, args: dict) -> None:
         self.started = time.time()
         self.args = AppArgs.model_validate(args)
-        self.core_plan = self.args.core_plan().apply()
         m = self.args.model
-        model, tokenizer = load_model(resolve_path(m.path), gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
-                                      attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
-                                      cache_dir=m.resolved_cache_dir(), chat_template=m.chat_template)
-        self.dtype = str(model.dtype).removeprefix("torch.")
-        log.warning("serving %s: dtype %s (asked: %s%s), device %s, %d torch threads", m.served_name, self.dtype,
-                    m.dtype, dtype_reason(m.dtype, m.device), m.device, torch.get_num_threads())
-        if tokenizer is None:
-            raise ValueError(f"model {m.path!r} has no tokenizer")
-        cfg = self.args.engine
-        self.engine = Engine(ModelRunner(model, max_layouts=cfg.layout_cache), cfg, free_bytes=free_memory(model.device))
-        log.warning("%s; max_seq_len %d", self.engine.kv_plan.describe(), self.engine.max_seq_len)
-        log.warning("warm-up: %.1f s", self._warm_up(tokenizer))
-        self.async_engine = AsyncEngine(self.engine)
-        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-        max_prompt = self.engine.max_seq_len - 1
+        if m.path.startswith("random:"):
+            raise ValueError(f"model {m.path!r} has no tokenizer: the server needs one")
+        tokenizer = load_tokenizer(model_folder(resolve_path(m.path), m.gguf_file, m.resolved_cache_dir()),
+                                   trust_remote_code=m.trust_remote_code, chat_template=m.chat_template)
+        build = functools.partial(build_engine, self.args,
+                                  tokenizer("The quick brown fox jumps over the lazy dog.")["input_ids"])
+        if self.args.engine_process:
+            host = EngineProcess(build)
+            self.async_engine, self.facts = AsyncEngine(host), host.facts
+        else:
+            engine, self.facts = build()
+            self.async_engine = AsyncEngine(engine)
         limits = self.args.limits
+        max_prompt = self.async_engine.limits.max_seq_len - 1
         self.processor = RequestProcessor(
             tokenizer,
-            eos_token_ids=[] if eos is None else [eos] if isinstance(eos, int) else eos,
+            eos_token_ids=self.facts["eos_token_ids"],
             limits=limits.model_copy(update={"max_prompt_tokens": min(limits.max_prompt_tokens or max_prompt, max_prompt)}),
             model_name=m.served_name,
         )
         self._metrics()
-
-    def _warm_up(self, tokenizer) -> float:
-        """A fresh process's first forwards are many times slower than the next: pay them here,
-        before Serve sends this replica any request."""
-        start = time.time()
-        warm_up(self.engine, tokenizer("The quick brown fox jumps over the lazy dog.")["input_ids"])
-        return time.time() - start
 
     def _metrics(self) -> None:
         tags = ("lookahead",)  # the request's mode: auto, off or fixed
@@ -114,36 +87,38 @@ class LookaheadModel:
         running, waiting = self.async_engine.queue_depth()
         return {RUNNING: running, WAITING: waiting}
 
-    def info(self) -> dict:
+    async def info(self) -> dict:
         running, waiting = self.async_engine.queue_depth()
-        engine = self.engine
         error = self.async_engine.health_error()
+        engine: dict = {}
+        if self.async_engine.alive:
+            with contextlib.suppress(RuntimeError):  # it stopped meanwhile: the status says why
+                engine = await self.async_engine.status()
+        dtype = self.facts["dtype"]
+        process = engine.get("engine", {})
+        own = process.get("pid") != os.getpid()
+        rss = rss_mb()
         return {
             "status": "ok" if error is None else "failing",
             **({"error": error} if error is not None else {}),
             "model": self.args.model.served_name,
-            "dtype": self.dtype,
+            "dtype": dtype,
             # what a request's seed holds fixed: float32 logits do not depend on the step's shape
-            "seeded_text": "fixed by the seed" if self.dtype == "float32" else
+            "seeded_text": "fixed by the seed" if dtype == "float32" else
                            "fixed by the seed for the same step shapes only (lookahead widths, batch, compiled or eager)",
-            "vocab_size": engine.runner.vocab_size,
+            "vocab_size": self.facts["vocab_size"],
             "device": self.args.model.device,
             "cpu_capability": cpu_capability(),
-            "torch_threads": torch.get_num_threads(),
-            "core_plan": self.core_plan,
+            "torch_threads": self.facts["torch_threads"],
+            "core_plan": self.facts["core_plan"],
             "running": running,
             "waiting": waiting,
-            "replica": {"pid": os.getpid(), "started_at": round(self.started, 3), "rss_mb": _rss_mb(),
-                        "engine_steps": engine.steps, "aborted_requests": engine.aborted},
-            "kv_cache": {**engine.kv_plan.as_dict(), "max_seq_len": engine.max_seq_len},
-            "auto_lookahead": engine.config.lookahead.label,
-            "history": engine.knowledge.status(),
-            "prefix_cache": None if engine.prefixes is None else engine.prefixes.status(),
-            "step_costs_ms": engine.runner.costs.table(),
-            "step_time_ms": _step_time(engine),
-            "compiled_decode": {"mode": engine.config.compile, "buckets": engine.compile_status(),
-                                "eager_forwards": engine.runner.eager_forwards if engine.compiled else None,
-                                "graph_failures": engine.compiled.graph_failures if engine.compiled else None},
+            # rss_mb: the replica's memory, its engine process's included
+            "replica": {"pid": os.getpid(), "started_at": round(self.started, 3),
+                        "rss_mb": (rss or 0) + (process.get("rss_mb") or 0) if own else rss,
+                        "engine": self.async_engine.host.kind, "engine_pid": process.get("pid"),
+                        "engine_steps": process.get("steps"), "aborted_requests": process.get("aborted_requests")},
+            **{k: v for k, v in engine.items() if k != "engine"},
         }
 
     async def generate(self, req: ServeRequest) -> AsyncIterator[Delta | Completion | RequestError]:

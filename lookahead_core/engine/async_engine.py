@@ -1,18 +1,37 @@
-"""asyncio front of the engine: a background thread steps it; each request streams its tokens."""
+"""asyncio front of the engine: the engine steps on its own thread or in its own process; each
+request streams its tokens."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-import threading
-from collections import deque
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable
+from typing import Protocol
 
+from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.engine_loop import (
+    AbortCommand,
+    Accepted,
+    AddCommand,
+    Command,
+    EngineLimits,
+    EngineThread,
+    Event,
+    FinishCommand,
+    Idle,
+    Status,
+    StatusCommand,
+    StepFailed,
+    Stepped,
+    Stopped,
+)
 from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.verification import StepOutput
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import FinishReason
+
+__all__ = ["AsyncEngine", "EngineHost", "EngineLimits", "RequestTimeout"]
 
 log = logging.getLogger(__name__)
 
@@ -21,66 +40,46 @@ class RequestTimeout(TimeoutError):
     """A request outlived its `timeout_s`; it has been ended (as TIMEOUT)."""
 
 
-@dataclass(frozen=True)
-class EngineLimits:
-    """The most one request may ask of the engine: new tokens, and prompt plus new tokens."""
+class EngineHost(Protocol):
+    """Where the engine steps: `EngineThread` (a thread here) or `EngineProcess` (a process of its own)."""
 
-    max_new_tokens: int
-    max_seq_len: int
+    kind: str
+    config: EngineConfig
+    limits: EngineLimits
 
-
-# ---- commands from callers to the engine thread ------------------------------------------------
-
-@dataclass(frozen=True)
-class AddCommand:
-    """Queue a request; `accepted` settles once the engine took it in (or refused it, with the error),
-    then its StepOutputs go to `queue` on the caller's `loop`."""
-
-    request: EngineRequest
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
-    accepted: asyncio.Future
-
-
-@dataclass(frozen=True)
-class AbortCommand:
-    seq_id: str | int
-
-
-@dataclass(frozen=True)
-class FinishCommand:
-    """The caller ended a request (a stop string, its deadline): see `Engine.finish`."""
-
-    seq_id: str | int
-    reason: FinishReason
-    kept: int | None = None
-
-
-Command = AddCommand | AbortCommand | FinishCommand
+    def start(self, on_event: Callable[[Event], None]) -> None: ...
+    def submit(self, command: Command) -> None: ...
+    @property
+    def alive(self) -> bool: ...
+    def shutdown(self) -> None: ...
 
 
 class AsyncEngine:
-    """Owns an `Engine` on a dedicated thread, so model forwards never block the event loop.
+    """The asyncio front of an engine that steps elsewhere, so model forwards never block the event
+    loop: on its own thread (`AsyncEngine(engine)`) or in its own process (`AsyncEngine(EngineProcess(...))`).
 
-    Every engine call happens on that thread; callers talk to it through a command queue, and
-    read what they need of its frozen config through `limits` and `resolve`, never through `engine`.
-    A step that raises fails the requests in flight and the engine starts clean; `failing_after`
-    such steps in a row make `health_error` say the engine cannot step (the replica gets replaced).
+    Callers talk to it through commands only, and read what they need of its frozen config through
+    `limits` and `resolve`. Its events come back on one thread (the engine's, or the process's
+    reader), which hands each stream its outputs on the stream's own event loop. A step that raises
+    fails the requests in flight and the engine starts clean; `failing_after` such steps in a row
+    make `health_error` say the engine cannot step (the replica gets replaced).
     """
 
-    def __init__(self, engine: Engine, failing_after: int = 3) -> None:
-        self.engine = engine
-        self.limits = EngineLimits(engine.config.max_new_tokens, engine.max_seq_len)
+    def __init__(self, engine: Engine | EngineHost, failing_after: int = 3) -> None:
+        self.host: EngineHost = EngineThread(engine) if isinstance(engine, Engine) else engine
+        self.engine = engine if isinstance(engine, Engine) else None  # only where it steps in this process
+        self.limits = self.host.limits
         self.failing_after = failing_after
         self.failed_steps = 0  # consecutive steps that raised
         self.last_error: str | None = None
-        self._commands: deque[Command] = deque()
-        self._wake = threading.Event()
+        self.stopped: str | None = None
+        self._tickets = itertools.count()
+        # by ticket: requests not yet taken in (their stream's queue, their admission), status asks
+        self._admissions: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, asyncio.Future]] = {}
+        self._asks: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._streams: dict[str | int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._depth = (0, 0)
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="lookahead-engine", daemon=True)
-        self._thread.start()
+        self.host.start(self._on_event)
 
     # ---- caller side ------------------------------------------------------------------------
 
@@ -97,7 +96,9 @@ class AsyncEngine:
         deadline = None if timeout_s is None else loop.time() + timeout_s
         queue: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
-        self._submit(AddCommand(request, loop, queue, accepted))
+        ticket = next(self._tickets)
+        self._admissions[ticket] = (loop, queue, accepted)
+        self._submit(AddCommand(ticket, request))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -122,9 +123,8 @@ class AsyncEngine:
                 self.abort(seq_id)
 
     def resolve(self, request: EngineRequest) -> LookaheadParams | None:
-        """The (N, W, G) the request runs; ValueError past the engine's limits. Safe from any
-        thread: `Engine.resolve` reads the request and the engine's frozen config only."""
-        return self.engine.resolve(request)
+        """The (N, W, G) the request runs; ValueError past the engine's limits (its frozen config)."""
+        return self.host.config.resolve(request.lookahead)
 
     def abort(self, seq_id: str | int) -> None:
         self._submit(AbortCommand(seq_id))
@@ -134,87 +134,81 @@ class AsyncEngine:
         Its stream still ends with an output that has the finish reason and the request's stats."""
         self._submit(FinishCommand(seq_id, reason, kept))
 
+    async def status(self) -> dict:
+        """`engine_status`, read where the engine steps."""
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        ticket = next(self._tickets)
+        self._asks[ticket] = (loop, answer)
+        self._submit(StatusCommand(ticket))
+        return await answer
+
     def queue_depth(self) -> tuple[int, int]:
         """(running, waiting) as of the engine's last step, plus requests not yet taken in."""
         running, waiting = self._depth
-        return running, waiting + sum(1 for c in list(self._commands) if isinstance(c, AddCommand))
+        return running, waiting + len(self._admissions)
 
     @property
     def alive(self) -> bool:
-        """False once the engine thread has died or been shut down."""
-        return self._thread.is_alive() and not self._stopping
+        """False once the engine's thread or process has died or been shut down."""
+        return self.host.alive and self.stopped is None
 
     def health_error(self) -> str | None:
-        """Why this engine cannot serve, or None: its thread is gone, or its last steps all raised."""
+        """Why this engine cannot serve, or None: its thread or process is gone, or its last steps all raised."""
         if not self.alive:
-            return "the engine thread is not running"
+            return f"the engine {self.host.kind} is not running"
         if self.failed_steps >= self.failing_after:
             return f"the engine's last {self.failed_steps} steps raised; the last: {self.last_error}"
         return None
 
     def shutdown(self) -> None:
-        self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout=10)
+        self.host.shutdown()
 
     def _submit(self, command: Command) -> None:
-        self._commands.append(command)
-        self._wake.set()
+        if self.stopped is None:
+            self.host.submit(command)
+        else:
+            self._on_event(Stopped(self.stopped))  # nobody will answer: settle what waits now
 
-    # ---- engine thread ----------------------------------------------------------------------
+    # ---- events, on the engine's thread or the process's reader ------------------------------
 
-    def _run(self) -> None:
-        try:
-            self._loop()
-        finally:  # a caller waiting on its admission or its stream must hear, not wait forever
-            error = RuntimeError("the engine thread stopped")
-            while self._commands:
-                cmd = self._commands.popleft()
-                if isinstance(cmd, AddCommand):
-                    _call_soon(cmd.loop, _settle, cmd.accepted, error)
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, Stepped):
+            self._depth, self.failed_steps = event.depth, 0
+            for out in event.outputs:
+                self._deliver(out.seq_id, out, final=out.finish_reason is not None)
+        elif isinstance(event, Accepted):
+            self._accepted(event)
+        elif isinstance(event, Idle):
+            self._depth = event.depth
+        elif isinstance(event, Status):
+            ask = self._asks.pop(event.ticket, None)
+            if ask is not None:
+                _call_soon(ask[0], _settle, ask[1], None, event.status)
+        elif isinstance(event, StepFailed):
+            self._depth = event.depth
+            self.failed_steps += 1
+            self.last_error = f"{event.kind}: {event.error}"
+            self._end_streams(RuntimeError(f"engine step failed: {event.error}"))
+        elif isinstance(event, Stopped):
+            self.stopped = event.reason
+            error = RuntimeError(event.reason)
+            # a caller waiting on its admission or an answer must hear
+            for loop, future in _drain(self._admissions) + _drain(self._asks):
+                _call_soon(loop, _settle, future, error)
             self._end_streams(error)
 
-    def _loop(self) -> None:
-        engine = self.engine
-        while not self._stopping:
-            self._drain_commands()
-            if not engine.has_work():
-                self._depth = engine.queue_depth()
-                self._wake.wait(timeout=0.5)
-                self._wake.clear()
-                continue
-            try:
-                outputs = engine.step()
-            except Exception as exc:  # keep serving: fail what was in flight, start clean
-                log.exception("engine step failed")
-                self.failed_steps += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                self._fail_all(exc)
-                continue
-            self.failed_steps = 0
-            self._depth = engine.queue_depth()
-            for out in outputs:
-                self._deliver(out.seq_id, out, final=out.finish_reason is not None)
-
-    def _drain_commands(self) -> None:
-        engine = self.engine
-        while self._commands:
-            cmd = self._commands.popleft()
-            if isinstance(cmd, AddCommand):
-                seq_id = cmd.request.request_id
-                try:
-                    engine.add_request(cmd.request)
-                except Exception as exc:
-                    _call_soon(cmd.loop, _settle, cmd.accepted, exc)
-                    continue
-                if _call_soon(cmd.loop, _settle, cmd.accepted, None):
-                    self._streams[seq_id] = (cmd.loop, cmd.queue)
-                else:  # the caller's event loop is gone
-                    engine.abort(seq_id)
-            elif isinstance(cmd, AbortCommand):
-                engine.abort(cmd.seq_id)
-            else:
-                engine.finish(cmd.seq_id, cmd.reason, cmd.kept)
+    def _accepted(self, event: Accepted) -> None:
+        admission = self._admissions.pop(event.ticket, None)
+        if admission is None:  # settled already: the engine stopped meanwhile
+            return
+        loop, queue, accepted = admission
+        if event.error is not None:
+            _call_soon(loop, _settle, accepted, event.error)
+        elif _call_soon(loop, _settle, accepted, None):
+            self._streams[event.seq_id] = (loop, queue)
+        else:  # the caller's event loop is gone
+            self._submit(AbortCommand(event.seq_id))
 
     def _deliver(self, seq_id, item, final: bool) -> None:
         target = self._streams.pop(seq_id, None) if final else self._streams.get(seq_id)
@@ -224,10 +218,6 @@ class AsyncEngine:
                 self._streams.pop(seq_id, None)
                 # queued behind the caller's own last word (a finish it sent before leaving)
                 self._submit(AbortCommand(seq_id))
-
-    def _fail_all(self, exc: Exception) -> None:
-        self.engine.abort_all()
-        self._end_streams(RuntimeError(f"engine step failed: {exc}"))
 
     def _end_streams(self, error: RuntimeError) -> None:
         for seq_id in list(self._streams):
@@ -244,6 +234,18 @@ async def _next(queue: asyncio.Queue, loop: asyncio.AbstractEventLoop, deadline:
         raise RequestTimeout(f"request timed out after {timeout_s:g} s") from None
 
 
+def _drain(waiting: dict) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]:
+    """Empty `waiting` (ticket -> (loop, ..., future)): each entry's loop and future. Safe while
+    another thread drains it too: each entry is taken once."""
+    out: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+    while True:
+        try:
+            _, entry = waiting.popitem()
+        except KeyError:
+            return out
+        out.append((entry[0], entry[-1]))
+
+
 def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
     """Schedule fn on the caller's loop; False if that loop is closed (the engine thread must not die)."""
     try:
@@ -253,10 +255,10 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
         return False
 
 
-def _settle(future: asyncio.Future, exc: BaseException | None) -> None:
+def _settle(future: asyncio.Future, exc: BaseException | None, result=None) -> None:
     if future.done():
         return
     if exc is None:
-        future.set_result(None)
+        future.set_result(result)
     else:
         future.set_exception(exc)

@@ -176,3 +176,14 @@ class EngineConfig(BaseModel):
         for name, value, limit in limits:
             if value > limit:
                 raise ValueError(f"lookahead {name}={value} exceeds this engine's limit of {limit}")
+
+    def resolve(self, lookahead: LookaheadParams | str) -> LookaheadParams | None:
+        """The (N, W, G) a request's `lookahead` runs: its own, this engine's for "auto", None for
+        "off"; ValueError past the engine's limits."""
+        if lookahead == "off":
+            return None
+        params = self.lookahead if lookahead == "auto" else lookahead
+        if not isinstance(params, LookaheadParams):
+            raise TypeError(f"lookahead must be 'auto', 'off' or LookaheadParams, got {lookahead!r}")
+        self.check_params(params)
+        return params

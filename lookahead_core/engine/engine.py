@@ -126,11 +126,7 @@ class Engine:
 
     def resolve(self, req: EngineRequest) -> LookaheadParams | None:
         """The (N, W, G) a request runs: its own, the engine's for "auto", None for "off"."""
-        if req.lookahead == "off":
-            return None
-        params = self.config.lookahead if req.lookahead == "auto" else req.lookahead
-        self.config.check_params(params)
-        return params
+        return self.config.resolve(req.lookahead)
 
     def add_request(self, req: EngineRequest) -> None:
         """Queue a request; raises ValueError (beyond this engine's limits) or EngineOverloaded (queue full)."""

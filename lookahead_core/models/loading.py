@@ -144,15 +144,27 @@ def load_model(
             raise ValueError(f"unknown random preset {preset!r}; choose from {', '.join(PRESETS)}")
         model = build_random_model(attn_implementation=attn_implementation, dtype=torch_dtype, **PRESETS[preset])
         return model.to(device), None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    folder, gguf = resolve_model_path(path, gguf_file)
-    if gguf is not None:
-        folder = str(dequantized_gguf(folder, gguf, cache_dir))
+    folder = model_folder(path, gguf_file, cache_dir)
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch_dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
     )
+    tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code, chat_template=chat_template)
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]  # transformers types .to() for dtypes only
+
+
+def model_folder(path: str, gguf_file: str | None = None, cache_dir: str | Path = DEFAULT_CACHE_DIR) -> str:
+    """The save_pretrained folder (or hub id) a model loads from: a GGUF file's dequantized copy."""
+    folder, gguf = resolve_model_path(path, gguf_file)
+    return str(dequantized_gguf(folder, gguf, cache_dir)) if gguf is not None else folder
+
+
+def load_tokenizer(folder: str, *, trust_remote_code: bool = False, chat_template: str | None = None):
+    """The tokenizer of `model_folder`'s folder; `chat_template` replaces its own (a Jinja string)."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     if chat_template is not None:
         tokenizer.chat_template = chat_template
-    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]  # transformers types .to() for dtypes only
+    return tokenizer

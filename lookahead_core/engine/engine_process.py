@@ -23,8 +23,6 @@ from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.engine_loop import Command, EngineLimits, EngineLoop, Event, StopCommand, Stopped
 
-log = logging.getLogger(__name__)
-
 Build = Callable[[], tuple[Engine, dict[str, Any]]]
 
 

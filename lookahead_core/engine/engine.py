@@ -72,7 +72,7 @@ class Engine:
         self.buffers = BatchStepBuffers(slots, cfg.max_step_tokens, capacity, r.dtype, r.device)
         chunk = min(cfg.prefill_chunk, self.max_seq_len)  # a prompt is shorter: its masks need no more rows
         self.scheduler = Scheduler(slots, chunk)
-        self.planner = StepPlanner(r.costs, slots, cfg.slo_tpot_ms, cfg.row_price)
+        self.planner = StepPlanner(r.costs, slots, cfg.slo_tpot_ms, cfg.row_price, self.knowledge.yield_bias)
         self.prefixes = PrefixCache(cfg.prefix_cache_tokens) if cfg.prefix_cache_tokens else None
         self.prefiller = Prefiller(r, self.cache, self.buffers, self.scheduler, self.knowledge, self.prefixes,
                                    cfg.successor_prefill)
@@ -220,7 +220,11 @@ class Engine:
         if decoding:
             plan = self._plan(decoding)
             pred, logits = self._execute(plan)
-            outputs.extend(update(plan, pred, logits, self.cache))
+            decoded = update(plan, pred, logits, self.cache)
+            self.planner.learn([len(out.tokens) for out in decoded])
+            outputs.extend(decoded)
+        else:
+            self.planner.idle()
         self._retire()
         self.steps += 1
         self.step_s += time.perf_counter() - t0
@@ -235,7 +239,8 @@ class Engine:
         running = sched.running[:batch]
         waiting = len(sched.waiting) + (sched.prefilling is not None) + len(sched.running) - batch  # the fresh too
         price = self.planner.row_price(len(running) + waiting)
-        drafts = [seq.drafter.draft(seq.tokens, price) if seq.drafter is not None else None for seq in running]
+        due = self.planner.drafts_due(len(running) + waiting)
+        drafts = [seq.drafter.draft(seq.tokens, price) if seq.drafter is not None and due else None for seq in running]
         choices = self.planner.plan(drafts, price, waiting)
         spans = []
         for b, (seq, draft, choice) in enumerate(zip(running, drafts, choices)):

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lookahead_core.engine.step_costs import StepCosts
+from lookahead_core.engine.step_costs import StepCosts, batch_bucket
 from lookahead_core.lookahead.drafter import Draft
-from lookahead_core.lookahead.pacing import Menu, StepChoice, StepKind, StepPacer, batch_width, best_option, step_menu
+from lookahead_core.lookahead.pacing import Menu, StepChoice, StepKind, StepPacer, YieldBias, batch_width, best_option, step_menu
 
 
 @dataclass(frozen=True)
@@ -45,15 +45,34 @@ class StepPlanner:
     predicted time per output token within `slo_tpot_ms`; past it, a fixed row is priced like a
     paced one, so no request can widen everyone's step beyond the SLO. Costs are `StepCosts` at
     the batch the queue would fill (running + waiting, up to `max_batch`), and the SLO caps every
-    width: a step may not widen past it.
+    width: a step may not widen past it. A menu's expected tokens beyond one are discounted by how
+    far wide steps fell short of their plans (`bias`, learned in `learn`).
     """
 
     def __init__(self, costs: StepCosts, max_batch: int, slo_tpot_ms: float | None = None,
-                 row_price: float | None = None) -> None:
+                 row_price: float | None = None, bias: YieldBias | None = None, max_pause: int = 16) -> None:
         self.costs = costs
         self.max_batch = max_batch
         self.slo_tpot_ms = slo_tpot_ms
         self.pinned_price = row_price  # as if a row cost this on any machine (tests, benchmarks of tokens per step)
+        self.max_pause = max_pause
+        self._pause: dict[int, tuple[int, int]] = {}  # per batch bucket: (steps left, last pause)
+        self.bias = bias or YieldBias()  # the replica's, in its ReplicaKnowledge
+        self._expected: list[tuple[int, float]] = []  # the last wide plan's paced rows: (row, tokens expected)
+
+    def drafts_due(self, requests: int) -> bool:
+        """Whether the requests draft this step. Where the last plan at this batch kept every row
+        plain, drafting pauses for 1, 2, 4, ... up to `max_pause` steps while plans keep doing so:
+        a batch's drafts cost host time on every step, repaid only by a step that widens. A request
+        alone always drafts: its draft is a small share of its step, and a copied run can start at
+        any token. An engine with nothing to decode starts over (`idle`)."""
+        bucket = batch_bucket(min(self.max_batch, requests))
+        if bucket == 0:
+            return True
+        left, last = self._pause.get(bucket, (0, 0))
+        if left:
+            self._pause[bucket] = (left - 1, last)
+        return not left
 
     def row_price(self, requests: int) -> float:
         """The price of one more row per request, in one-token steps, at the batch the queue would
@@ -77,17 +96,40 @@ class StepPlanner:
 
         floor = max((o.width for o in offers if o.pacer is None), default=1)
         priced = [o for o in offers if o.pacer is not None]
+        outside = [o for o in offers if o.pacer is None]
         if floor > 1 and self.slo_tpot_ms is not None and not fits_slo(floor, _tokens_at(offers, floor)):
             floor, priced = 1, [o for o in offers if o.menu is not None]
+            outside = [o for o in offers if o.menu is None]
         menus = [o.menu for o in priced if o.menu is not None]
 
         def fits_batch(width: int, tokens_per_menu: float) -> bool:
             # every row's user waits the whole step: a row outside the menus yields one token of it
             return fits_slo(width, (tokens_per_menu * len(menus) + len(offers) - len(menus)) / len(offers))
 
-        cap = batch_width(menus, ratio, floor, fits_batch if self.slo_tpot_ms else None) if menus else floor
+        rest = _tokens_at(outside, floor) * len(outside) if outside else 0.0  # they pay a wider step too
+        cap = batch_width(menus, ratio, floor, fits_batch if self.slo_tpot_ms else None, rest,
+                          self.bias.factor) if menus else floor
         widen = len(offers) == 1  # alone: a retry may widen the step, nobody else pays for it
-        return [_choice(o, cap, ratio, widen) for o in offers]
+        choices = [_choice(o, cap, ratio, widen) for o in offers]
+        self._expected = [(b, best_option(o.menu, cap).tokens) for b, o in enumerate(offers)
+                          if o.pacer is not None and o.menu is not None] if cap > 1 else []
+        if any(d is not None for d in drafts):
+            last = self._pause.get(batch_bucket(batch), (0, 0))[1]
+            plain = all(c.kind is StepKind.PLAIN for c in choices)
+            pause = min(2 * last or 1, self.max_pause) if plain else 0
+            self._pause[batch_bucket(batch)] = (pause, pause)
+        return choices
+
+    def idle(self) -> None:
+        """Nothing decodes: the next batch drafts from its first step."""
+        self._pause.clear()
+
+    def learn(self, tokens: Sequence[int]) -> None:
+        """What the last plan's rows yielded (`tokens[b]`: row b's accepted tokens, bonus included),
+        against what it expected of its paced rows at the width it picked."""
+        if self._expected:
+            self.bias.observe(sum(e - 1.0 for _, e in self._expected), sum(tokens[b] - 1 for b, _ in self._expected))
+            self._expected = []
 
 
 def _tokens_at(offers: Sequence[Offer], width: int) -> float:

@@ -14,9 +14,9 @@ class StepCosts:
     drifts (other load, clocks), so it is measured on every step rather than read from a file.
     `ratio(batch, width)` is what a step `width` tokens wide costs against a one-token step.
     A width not yet settled is priced by a prior: the widest settled narrower width plus, per
-    token beyond it, the bucket's learned `slope` (`prior_slope` until two wide widths are
-    settled), so it gets tried where that says it pays, and then measured (where width is dear, a
-    fixed cheap prior had every width tried in turn, each costing far more than it was priced at).
+    token beyond it, the bucket's `slope` learned from the wide widths run so far (`prior_slope`
+    before any), so it gets tried where that says it pays, and then measured (where width is dear,
+    a cheap prior had every width tried in turn, each costing far more than it was priced at).
     A wide cell with fewer than `settle` forwards is blended with the prior (CPU timings err slow:
     one preempted forward must not price a width out before it was tried again). For the same
     reason a forward counts at most `clip` times its cell's mean, and a cell not run in the last
@@ -43,7 +43,8 @@ class StepCosts:
         self._seen: dict[tuple[int, int], int] = {}  # the forward count at each cell's latest forward
         self._narrowest: dict[int, int] = {}  # per batch bucket, the narrowest measured width
         self._widest: dict[int, int] = {}
-        self._priors: dict[int, tuple[int, list[tuple[int, float]], float]] = {}  # per bucket, at a forward count
+        self._priors: dict[tuple[int, int], float] = {}  # prior_ms per (bucket, width) at forward `_priors_at`
+        self._priors_at = -1
         self.observed = 0
         self.last: tuple[int, int, float] | None = None  # (batch, width, ms) of the latest forward
 
@@ -68,7 +69,7 @@ class StepCosts:
         for key in self._seen:
             if key[0] == bucket:
                 self._seen[key] = self.observed - self.stale
-        self._priors.pop(bucket, None)
+        self._priors_at = -1
 
     def _fresh_n(self, key: tuple[int, int]) -> int:
         """Forwards behind this cell's mean; 0 once it has not run for `stale` forwards."""
@@ -97,33 +98,44 @@ class StepCosts:
 
     def prior_ms(self, batch: int, width: int) -> float | None:
         """What a width not yet settled is expected to cost: the widest settled narrower width (a
-        one-token step at least) plus, per token beyond it, `slope` one-token steps."""
+        one-token step at least) plus, per token beyond it, `slope` one-token steps (learned from
+        the other wide widths: a cell's own first timings must not price it out)."""
         bucket = batch_bucket(batch)
         one = self.one_token_ms(batch)
         if one is None:
             return None
-        settled, slope = self._prior_terms(bucket)
-        below_w, below = next(((w, v) for w, v in reversed(settled) if w < width), (1, one))
-        return max(below, one) + one * slope * (width - below_w)
-
-    def _prior_terms(self, bucket: int) -> tuple[list[tuple[int, float]], float]:
-        """(settled cells, slope) of a bucket, worked out once per forward observed: a step's plan
-        prices every width on offer."""
-        cached = self._priors.get(bucket)
-        if cached is None or cached[0] != self.observed:
+        if self._priors_at != self.observed:  # a step's plan prices every width on offer: once per forward
+            self._priors.clear()
+            self._priors_at = self.observed
+        key = (bucket, width)
+        if key not in self._priors:
             settled = self._settled(bucket)
-            cached = self._priors[bucket] = (self.observed, settled, self.slope(bucket, settled))
-        return cached[1], cached[2]
+            below_w, below = next(((w, v) for w, v in reversed(settled) if w < width), (1, one))
+            self._priors[key] = max(below, one) + one * self.slope(bucket, exclude=width) * (width - below_w)
+        return self._priors[key]
 
-    def slope(self, bucket: int, settled: list[tuple[int, float]] | None = None) -> float:
-        """What one more token per row costs at this batch bucket, in one-token steps: the least
-        rise between two settled cells at least two wide (the step from one token to two may cost
-        more than its width says: it can leave a one-token graph for a wider one); `prior_slope`
-        while fewer than two are settled."""
-        cells = [(w, v) for w, v in (settled if settled is not None else self._settled(bucket)) if w > 1]
+    def slope(self, bucket: int, exclude: int | None = None) -> float:
+        """What one more token per row costs at this batch bucket, in one-token steps, from every
+        fresh cell at least two wide but `exclude`, settled or not (the step from one token to two
+        may cost more than its width says: it can leave a one-token graph for a wider one): their
+        least-squares slope weighted by forwards, so one noisy cell cannot flatten it; one such cell's rise from a
+        one-token step; `prior_slope` before any. Learned from the first wide forwards, so where
+        width is dear the widths beyond are priced dear before each is tried."""
         one = self.one_token_ms(1 << bucket)
-        rises = [(v2 - v1) / (w2 - w1) / one for (w1, v1), (w2, v2) in zip(cells, cells[1:])] if one else []
-        return max(min(rises), 0.0) if rises else self.prior_slope
+        cells = [(w, v, min(n, self.settle)) for (b, w), v in list(self._ms.items())
+                 if b == bucket and w > 1 and w != exclude and (n := self._fresh_n((b, w)))]
+        if not one or not cells:
+            return self.prior_slope
+        if len(cells) == 1:
+            (w, v, _), = cells
+            return max((v - one) / (w - 1) / one, 0.0)
+        # weighted by forwards (up to `settle`): a width timed once counts less than a settled one
+        total = sum(n for _, _, n in cells)
+        mean_w = sum(w * n for w, _, n in cells) / total
+        mean_v = sum(v * n for _, v, n in cells) / total
+        spread = sum(n * (w - mean_w) ** 2 for w, _, n in cells)
+        rise = sum(n * (w - mean_w) * (v - mean_v) for w, v, n in cells) / spread
+        return max(rise / one, 0.0)
 
     def _settled(self, bucket: int) -> list[tuple[int, float]]:
         """This bucket's fresh cells with at least `settle` forwards, narrowest first."""

@@ -8,7 +8,7 @@ from typing import Protocol
 import numpy as np
 
 from lookahead_core.lookahead.history import SharedHistory
-from lookahead_core.lookahead.pacing import FullYields
+from lookahead_core.lookahead.pacing import FullYields, YieldBias
 from lookahead_core.lookahead.row_rates import RowRates
 from lookahead_core.lookahead.shared_pool import SharedNGramPool
 from lookahead_core.lookahead.successors import SuccessorTable
@@ -64,6 +64,7 @@ class ReplicaKnowledge:
         # greedy and sampled requests apart: a sampled one accepts a row only where its draw lands
         self.row_rates = {sampled: RowRates(ROW_DEPTHS) for sampled in (False, True)}
         self.full_yields = FullYields()
+        self.yield_bias = YieldBias()  # how far wide steps fall short of what their plans expected
         self._text_tail = cfg.shared_pool_text  # the history gets as much of a finished text as the pool
         # the arrays are allocated here; the pool grows to its bound as requests of each n finish
         self.planned_bytes = sum(t.nbytes for t in (self.history, self.successors, *self.row_rates.values())
@@ -73,7 +74,7 @@ class ReplicaKnowledge:
 
     def _tables(self) -> tuple:
         return (self.shared_pool, self.history, self.successors, self.row_rates[False], self.row_rates[True],
-                self.full_yields)
+                self.full_yields, self.yield_bias)
 
     # ---- learning -------------------------------------------------------------------------
 
@@ -139,4 +140,6 @@ class ReplicaKnowledge:
             # tokens a whole step (window and tree) yields, where each new request's pacer starts
             "full_step_yield": {("sampled" if sampled else "greedy") + ("_copied" if copied else ""): round(mean, 3)
                                 for (sampled, copied), mean in self.full_yields.means.items()},
+            # what wide steps' extra tokens came to against their plans' estimate (the planner discounts by it)
+            "yield_bias": round(self.yield_bias.factor, 3),
         }

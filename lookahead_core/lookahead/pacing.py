@@ -55,14 +55,16 @@ def best_option(menu: Menu, cap: int) -> Option:
 
 
 def batch_width(menus: Sequence[Menu], ratio: Callable[[int], float], floor: int = 1,
-                fits_slo: Callable[[int, float], bool] | None = None) -> int:
+                fits_slo: Callable[[int, float], bool] | None = None, rest: float = 0.0, bias: float = 1.0) -> int:
     """The widest row the batch may have this step.
 
     Rows are padded to the widest, so a step's cost is set by its widest row and every row up to
     that width rides for free. For each width W on offer (at least `floor`, the widest row of
     requests that do not pace), every request takes its most productive option no wider than W;
     the W with the most expected tokens per unit of cost (`ratio(W)`: against a one-token step)
-    wins, the narrower on a tie. `fits_slo(W, tokens per row)` may rule out widths above the floor.
+    wins, the narrower on a tie. `rest`: the tokens the batch's rows outside `menus` yield at any
+    width (they pay the wider step too); `bias`: what an expected token beyond a row's first is
+    worth (`YieldBias.factor`). `fits_slo(W, tokens per row)` may rule out widths above the floor.
     """
     # per menu: its widths ascending and the most tokens an option up to each width yields
     ladders = []
@@ -76,16 +78,37 @@ def batch_width(menus: Sequence[Menu], ratio: Callable[[int], float], floor: int
         ladders.append((widths, best))
     best_w, best_rate = floor, -1.0
     for w in sorted({o.width for menu in menus for o in menu if o.width >= floor} | {floor}):
-        total = 0.0
+        total = rest
         for widths, best in ladders:
             i = bisect.bisect_right(widths, w)
-            total += best[i - 1] if i else 1.0
-        if w > floor and fits_slo is not None and menus and not fits_slo(w, total / len(menus)):
+            total += 1.0 + bias * (best[i - 1] - 1.0) if i else 1.0
+        if w > floor and fits_slo is not None and menus and not fits_slo(w, (total - rest) / len(menus)):
             continue
         rate = total / ratio(w)
         if rate > best_rate * (1 + 1e-9):
             best_w, best_rate = w, rate
     return best_w
+
+
+class YieldBias:
+    """How the tokens wide steps yielded beyond one a row compare with what the plans that picked
+    them expected: the width picked is the one whose estimate came out best, so the estimate errs
+    high there. A decaying ratio of sums, within [low, high]; `factor` is what an expected token
+    beyond a row's first is worth to `batch_width`."""
+
+    def __init__(self, decay: float = 0.98, low: float = 0.5, high: float = 1.25, min_expected: float = 4.0) -> None:
+        self.decay, self.low, self.high, self.min_expected = decay, low, high, min_expected
+        self.clear()
+
+    def clear(self) -> None:
+        self.expected = self.realized = 0.0
+        self.factor = 1.0
+
+    def observe(self, expected: float, realized: float) -> None:
+        self.expected = self.decay * self.expected + expected
+        self.realized = self.decay * self.realized + realized
+        if self.expected >= self.min_expected:
+            self.factor = min(max(self.realized / self.expected, self.low), self.high)
 
 
 class FullYields:

@@ -1,5 +1,6 @@
 """StepPlanner: the row price, each draft's menu, the SLO's cap on what every row's user waits."""
 import numpy as np
+import pytest
 
 from lookahead_core.engine.planner import StepPlanner
 from lookahead_core.engine.step_costs import StepCosts
@@ -61,3 +62,64 @@ def test_the_slo_prices_a_width_never_run_at_least_by_the_prior():
     assert costs.estimate_ms(4, 21) == 60.0 * 2.0  # unmeasured width: not the narrower cell's 60 ms
     costs.observe(4, 21, 600.0)
     assert costs.estimate_ms(4, 21) == 600.0
+
+
+def test_rows_that_do_not_pace_pay_a_wider_step_too():
+    """One paced row sure of 3 tokens from a step twice the cost of a one-token one: worth it
+    alone, not with 15 plain rows yielding one token each at that cost."""
+    costs = StepCosts(settle=1)
+    for batch in (1, 16):
+        costs.observe(batch, 1, 50.0)
+        costs.observe(batch, 2, 100.0)
+        costs.observe(batch, 3, 100.0)
+    planner = StepPlanner(costs, max_batch=16)
+    sure = _draft([1.0, 1.0, 0.0], StepPacer(), full_start=9)
+    assert planner.plan([sure], row_price=0.0)[0].kind is StepKind.VERIFY
+    assert [c.kind for c in planner.plan([sure] + [None] * 15, row_price=0.0)] == [StepKind.PLAIN] * 16
+
+
+def test_drafting_pauses_while_plans_keep_every_row_plain():
+    """Where width does not pay, the batch drafts on steps 1, 3, 6, 11, ... (pauses of 1, 2, 4,
+    ... steps, at most `max_pause`); a plan that widens ends the pause; other batch sizes keep
+    drafting, and a request alone always drafts."""
+    costs = StepCosts(alpha=1.0, settle=1)
+    for width, ms in ((1, 50.0), (2, 100.0), (3, 150.0)):
+        costs.observe(16, width, ms)
+    planner = StepPlanner(costs, max_batch=16, max_pause=4)
+    doubtful = [_draft([0.3, 0.2], StepPacer(), full_start=9)] * 16
+    drafted = []
+    for step in range(20):
+        due = planner.drafts_due(16)
+        if due:
+            assert all(c.kind is StepKind.PLAIN for c in planner.plan(doubtful, row_price=0.0))
+            drafted.append(step)
+    assert drafted == [0, 2, 5, 10, 15]
+    assert planner.drafts_due(4)
+    costs.observe(1, 1, 50.0)
+    costs.observe(1, 2, 100.0)
+    for _ in range(3):
+        assert planner.drafts_due(1)
+        planner.plan(doubtful[:1], row_price=0.0)
+    costs.observe(16, 2, 50.0)  # width got cheap: the next plan widens, and drafting resumes
+    while not planner.drafts_due(16):
+        pass
+    assert planner.plan(doubtful, row_price=0.0)[0].kind is not StepKind.PLAIN
+    assert planner.drafts_due(16)
+
+
+def test_the_planner_learns_how_far_wide_steps_fall_short_of_their_estimate():
+    """16 rows, each expecting 1.5 tokens from a step 1.4x a one-token one: worth it (24 / 1.4 >
+    16) until wide steps keep yielding half the extra tokens expected (20 / 1.4 < 16)."""
+    costs = StepCosts(alpha=1.0, settle=1)
+    costs.observe(16, 1, 50.0)
+    costs.observe(16, 2, 70.0)
+    planner = StepPlanner(costs, max_batch=16)
+    rows = [_draft([0.5], StepPacer(), full_start=9)] * 16
+    assert all(c.kind is StepKind.VERIFY for c in planner.plan(rows, row_price=0.0))
+    for _ in range(10):
+        planner.plan(rows, row_price=0.0)
+        planner.learn([2 if b % 4 == 0 else 1 for b in range(16)])  # 4 extra tokens where 8 were expected
+    assert planner.bias.factor == pytest.approx(0.5)
+    assert all(c.kind is StepKind.PLAIN for c in planner.plan(rows, row_price=0.0))
+    planner.learn([1] * 16)  # a plain step teaches nothing
+    assert planner.bias.factor == pytest.approx(0.5)

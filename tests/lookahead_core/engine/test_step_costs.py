@@ -27,13 +27,37 @@ def test_ratio_is_measured_per_batch_bucket():
 def test_an_unmeasured_width_costs_the_widest_narrower_one_plus_the_slope():
     costs = StepCosts(alpha=1.0, settle=1, prior_slope=0.05)
     costs.observe(1, 1, 10.0)
+    assert costs.ratio(1, 4) == pytest.approx(1.0 + 3 * 0.05)  # nothing wide run: the prior slope
     costs.observe(1, 5, 15.0)
-    assert costs.ratio(1, 4) == pytest.approx(1.0 + 3 * 0.05)  # cheap: it gets tried, then measured
-    assert costs.ratio(1, 12) == pytest.approx(1.5 + 7 * 0.05)  # one wide width known: the prior slope
+    one_cell = (15.0 - 10.0) / 4 / 10.0  # one wide width run: its rise from a one-token step
+    assert costs.slope(0) == pytest.approx(one_cell)
+    assert costs.ratio(1, 4) == pytest.approx(1.0 + 3 * one_cell)
+    assert costs.ratio(1, 12) == pytest.approx(1.5 + 7 * one_cell)
     costs.observe(1, 12, 25.0)
     assert costs.ratio(1, 12) == 2.5
-    assert costs.slope(0) == pytest.approx((25.0 - 15.0) / 7 / 10.0)  # learned from two wide widths
+    assert costs.slope(0) == pytest.approx((25.0 - 15.0) / 7 / 10.0)  # two wide widths: the slope between
     assert costs.ratio(1, 16) == pytest.approx(2.5 + 4 * costs.slope(0))
+
+
+def test_where_width_is_dear_the_first_wide_forwards_price_the_wider_ones():
+    """Batch 16, a one-token step 50 ms, widths 4 and 6 tried once at 10 ms a token: width 17 is
+    priced near its cost before anyone tries it (the prior slope would offer it at 1.8x)."""
+    costs = StepCosts(prior_slope=0.05)
+    costs.observe(16, 1, 50.0)
+    costs.observe(16, 4, 80.0)
+    costs.observe(16, 6, 100.0)
+    assert costs.ratio(16, 17) > 3.5
+
+
+def test_one_noisy_wide_cell_does_not_flatten_the_slope():
+    """Widths 2-8 rise 10 ms a token, width 7 ran slow: the next width is still priced at the rise,
+    not at width 8's cost (a zero slope would offer every wider width as free)."""
+    costs = StepCosts(alpha=1.0, settle=1)
+    costs.observe(16, 1, 50.0)
+    for w in range(2, 9):
+        costs.observe(16, w, 60.0 + 10.0 * (w - 2) + (15.0 if w == 7 else 0.0))
+    assert 0.18 < costs.slope(4) < 0.25  # about 10 ms a token against a 50 ms one-token step
+    assert costs.ms(16, 12) > costs.ms(16, 8) + 35.0
 
 
 def test_the_estimate_follows_a_drifting_cost():
@@ -79,11 +103,12 @@ def test_a_width_still_being_tried_is_priced_from_a_settled_narrower_one():
     c = StepCosts(alpha=1.0, prior_slope=0.05, settle=4)
     for _ in range(4):
         c.observe(16, 1, 10.0)
-        c.observe(16, 2, 20.0)  # settled: width 2 costs twice a one-token step here
-    c.observe(16, 6, 21.0)  # tried once
-    prior = 20.0 + 10.0 * 0.05 * 4  # width 2's cost, then the slope per token beyond it
-    assert c.ratio(16, 6) == pytest.approx((21.0 + 3 * prior) / 4 / 10.0)  # not (21 + 3 * 12.5) / 4
-    assert c.ratio(16, 9) == pytest.approx((20.0 + 10.0 * 0.05 * 7) / 10.0)  # never measured
+        c.observe(16, 3, 12.0)  # settled: 1 ms a token beyond a one-token step
+    c.observe(16, 6, 30.0)  # tried once, slow: its own timing does not set its prior
+    prior = 12.0 + 10.0 * (2.0 / 2 / 10.0) * 3  # width 3's cost, then width 3's slope per token beyond it
+    assert c.ratio(16, 6) == pytest.approx((30.0 + 3 * prior) / 4 / 10.0)
+    slope = (30.0 - 12.0) / 3 / 10.0  # widths 3 and 6
+    assert c.ratio(16, 9) == pytest.approx((12.0 + 10.0 * slope * 6) / 10.0)  # never measured
     assert c.ratio(1, 6) == c.prior_ratio(6)  # another batch bucket knows nothing yet
 
 

@@ -2,7 +2,7 @@ from functools import partial
 
 import pytest
 
-from lookahead_core.lookahead.pacing import FullYields, Option, StepKind, StepPacer, batch_width
+from lookahead_core.lookahead.pacing import FullYields, Option, StepKind, StepPacer, YieldBias, batch_width
 
 P, V, F = StepKind.PLAIN, StepKind.VERIFY, StepKind.FULL
 FULL_WIDTH = 9
@@ -100,6 +100,9 @@ def test_the_batch_width_pays_for_the_tokens_of_every_row():
     all_keen = [menu((V, 5, 3.0), (F, 9, 3.0))] * 16
     assert batch_width(all_keen, steep) == 5  # the same cost, fewer rows: the narrower on a tie
     assert batch_width([menu((F, 9, 3.0))], steep, floor=12) == 12  # a row that does not pace sets the floor
+    # Rows that do not pace (plain ones) pay the wider step too: 3 tokens for 2x pays one keen
+    # row alone, not when 15 others yield one token each at twice the cost.
+    assert batch_width(one_keen[:1], steep, rest=15.0) == 1
 
 
 def test_the_tpot_slo_caps_the_width():
@@ -163,3 +166,18 @@ def test_the_replica_figure_is_a_plain_mean_until_it_has_seen_enough_steps():
     replica.clear()
     assert replica.means[(True, False)] == 2.0 and replica.counts[(True, False)] == 0
 
+
+
+def test_the_yield_bias_is_a_bounded_ratio_of_decaying_sums():
+    bias = YieldBias(decay=0.5, low=0.5, high=1.25, min_expected=4.0)
+    bias.observe(2.0, 0.0)
+    assert bias.factor == 1.0  # too little expected yet to judge by
+    bias.observe(4.0, 3.0)  # sums: 5 expected (2 halved, 4), 3 realized
+    assert bias.factor == pytest.approx(0.6)
+    bias.observe(8.0, 0.0)
+    assert bias.factor == 0.5  # 1.5 of 10.5: held at the lower bound
+    for _ in range(20):
+        bias.observe(4.0, 8.0)
+    assert bias.factor == 1.25  # under-estimates count too, within the bound
+    bias.clear()
+    assert (bias.factor, bias.expected, bias.realized) == (1.0, 0.0, 0.0)

@@ -113,11 +113,11 @@ class StepPlanner:
         choices = [_choice(o, cap, ratio, widen) for o in offers]
         self._expected = [(b, best_option(o.menu, cap).tokens) for b, o in enumerate(offers)
                           if o.pacer is not None and o.menu is not None] if cap > 1 else []
-        if any(d is not None for d in drafts):
-            last = self._pause.get(batch_bucket(batch), (0, 0))[1]
-            plain = all(c.kind is StepKind.PLAIN for c in choices)
-            pause = min(2 * last or 1, self.max_pause) if plain else 0
-            self._pause[batch_bucket(batch)] = (pause, pause)
+        bucket = batch_bucket(batch)
+        if bucket and any(d is not None for d in drafts):  # a request alone never pauses (drafts_due)
+            last = self._pause.get(bucket, (0, 0))[1]
+            pause = min(2 * last or 1, self.max_pause) if all(c.kind is StepKind.PLAIN for c in choices) else 0
+            self._pause[bucket] = (pause, pause)
         return choices
 
     def idle(self) -> None:

@@ -8,7 +8,7 @@ from ray.serve import Application
 
 from .config import AppArgs
 from .ingress import LookaheadAPI
-from .replica import LookaheadModel
+from .replica import LookaheadModel, LookaheadServer
 
 
 def check_gpus(num_gpus: float) -> None:
@@ -38,13 +38,16 @@ def build_app(args: AppArgs) -> Application:
         "open_paths": list(args.auth.open_paths),
         "max_body_bytes": args.limits.max_body_bytes,
     }
-    # Keys go to the ingress only; model replicas never see them.
+    # Keys go to whichever replicas serve the routes; behind a separate ingress, model replicas never see them.
     # Serve runs user code on a second event-loop thread by default; measured here, 4 in 30
     # client disconnects then never reached the replica's generator (the request decoded to
     # its end). On the replica's own loop all 60 of 60 were aborted. The engine has its own
     # thread, so nothing in this replica blocks the loop.
     actor_options = {"num_gpus": args.num_gpus, "num_cpus": args.num_cpus,
                      "runtime_env": {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}}
+    replica_args = args.model_dump(exclude={"auth"})
     # @serve.deployment makes these Deployments; Ray's decorator typing leaves them classes to mypy.
-    model = LookaheadModel.options(ray_actor_options=actor_options).bind(args.model_dump(exclude={"auth"}))  # type: ignore[attr-defined]
+    if args.http_routes == "model":
+        return LookaheadServer.options(ray_actor_options=actor_options).bind(replica_args, guard)  # type: ignore[attr-defined]
+    model = LookaheadModel.options(ray_actor_options=actor_options).bind(replica_args)  # type: ignore[attr-defined]
     return LookaheadAPI.bind(model, args.model.served_name, args.engine, args.limits, guard)  # type: ignore[attr-defined]

@@ -105,6 +105,10 @@ class AppArgs(BaseModel):
     engine: EngineConfig = EngineConfig()
     limits: RequestLimits = RequestLimits()
     auth: AuthArgs = AuthArgs()
+    http_routes: Literal["model", "ingress"] = Field(
+        "model", description="model: the model replicas serve the HTTP routes (Serve's proxy sends each request "
+                             "straight to one); ingress: a separate ingress deployment does, and sends a request "
+                             "again to another replica where its replica was lost before its first token")
     num_gpus: float = Field(0, ge=0, description="GPUs per model replica")
     num_cpus: float = Field(1, ge=0, description="CPUs per model replica")
     torch_threads: int | None = Field(

@@ -18,21 +18,42 @@ from torch._dynamo.utils import counters
 from torch._inductor import codecache, select_algorithm
 from torch._inductor.freezing_utils import is_frozen_param
 from transformers.integrations import sdpa_attention
+from transformers.modeling_utils import AttentionInterface
+
+
+def packed_gqa_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                         n_rep: int, scale: float | None) -> torch.Tensor:
+    """Grouped-query attention with each key/value head's `n_rep` query heads packed into its query
+    rows: query [B, H, T, D] as [B, H / n_rep, n_rep * T, D] against unrepeated keys and values, the
+    mask [B, 1, T, K] repeated per packed head. transformers packs so for one query in eager
+    forwards (`pack_gqa`); this is its form for any T. Returns [B, T, H, D], as transformers'
+    attention functions do."""
+    b, h, t, d = query.shape
+    k = mask.shape[-1]
+    packed_mask = mask[:, :, None].expand(b, 1, n_rep, t, k).reshape(b, 1, n_rep * t, k)
+    out = torch.nn.functional.scaled_dot_product_attention(query.reshape(b, h // n_rep, n_rep * t, d), key, value,
+                                                           attn_mask=packed_mask, scale=scale)
+    return out.reshape(b, h, t, d).transpose(1, 2).contiguous()
 
 
 def install_sdpa_gqa() -> None:
-    """Grouped-query attention inside SDPA (`enable_gqa`) in compiled graphs, rather than `repeat_kv`,
-    which copies the attended keys and values once per query head group in every layer.
-    transformers decides per call in `use_gqa_in_sdpa` (on CPU: only without a mask); the CPU
-    kernels take a mask with `enable_gqa`. The decision is replaced once, process-wide, by one that
-    says yes while dynamo traces and defers to transformers otherwise.
+    """Grouped-query attention in compiled CPU graphs without `repeat_kv`, which copies the attended
+    keys and values once per query head group in every layer. Process-wide, once; eager forwards
+    keep transformers' own path on any thread.
 
-    "While dynamo traces" is `is_dynamo_compiling` (folded to True in a trace, False in eager), not
+    - float32: SDPA's own grouped-query path (`enable_gqa`). transformers decides per call in
+      `use_gqa_in_sdpa` (on CPU: only without a mask); the CPU kernels take a mask with
+      `enable_gqa`. The decision is replaced by one that says yes in a dynamo trace on CPU.
+    - bfloat16 and float16: the query heads packed into rows (`packed_gqa_attention`), in place
+      of transformers' "sdpa" attention function inside traces. The CPU flash kernel's reduced-
+      precision path costs per (batch, head) pair: with `enable_gqa` a one-token step at batch 16
+      took 5.9x the packed form's time (3.4 ms against 0.59 ms a layer, 220 keys, one thread).
+
+    "In a dynamo trace" is `is_dynamo_compiling` (folded to True in a trace, False in eager), not
     `is_compiling`, which in torch 2.13 is one process-wide flag held for a whole compile: with
     it, eager steps on the engine thread took the compiled arithmetic while a bucket compiled in
     the background. transformers' attention reads that flag too (its one-query `pack_gqa`), so
-    its module gets the per-trace test as well: eager forwards keep transformers' own arithmetic
-    on any thread, during a background compile too."""
+    its module gets the per-trace test as well."""
     if getattr(sdpa_attention.use_gqa_in_sdpa, "_lookahead_gqa", False):
         return
     original = sdpa_attention.use_gqa_in_sdpa
@@ -40,9 +61,22 @@ def install_sdpa_gqa() -> None:
     def use_gqa(attention_mask, key, value):  # CUDA's fused kernels refuse enable_gqa with a mask
         return (torch.compiler.is_dynamo_compiling() and key.device.type == "cpu") or original(attention_mask, key, value)
 
+    forward = AttentionInterface._global_mapping["sdpa"]
+
+    def sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+        n_rep = getattr(module, "num_key_value_groups", 1)
+        if (n_rep > 1 and torch.compiler.is_dynamo_compiling() and query.device.type == "cpu"
+                and query.dtype in (torch.bfloat16, torch.float16) and attention_mask is not None
+                and attention_mask.dim() == 4 and attention_mask.shape[1] == 1 and not dropout
+                and kwargs.get("position_bias") is None and kwargs.get("softcap") is None):
+            return packed_gqa_attention(query, key, value, attention_mask, n_rep, scaling), None
+        return forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                       is_causal=is_causal, **kwargs)
+
     use_gqa._lookahead_gqa = True  # type: ignore[attr-defined]
     sdpa_attention.use_gqa_in_sdpa = use_gqa
     sdpa_attention.is_torchdynamo_compiling = torch.compiler.is_dynamo_compiling  # type: ignore[attr-defined]
+    AttentionInterface.register("sdpa", sdpa_forward)
 
 
 def quiet_autotune() -> None:

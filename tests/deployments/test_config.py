@@ -19,9 +19,10 @@ def test_serve_configs_validate(path):
     schema = ServeDeploySchema.model_validate(raw)
     for app in schema.applications:
         assert app.import_path == "deployments.app:build_app"
-        AppArgs.model_validate(app.args)
+        args = AppArgs.model_validate(app.args)
         names = {d["name"] for d in raw["applications"][[a["name"] for a in raw["applications"]].index(app.name)]["deployments"]}
-        assert names == {"LookaheadModel", "LookaheadAPI"}
+        # each names exactly the deployments its builder makes: Serve refuses a config naming one it does not
+        assert names == ({"LookaheadModel"} if args.http_routes == "model" else {"LookaheadModel", "LookaheadAPI"})
 
 
 def test_cpu_default_serves_the_installed_real_model_on_every_core():
@@ -35,11 +36,13 @@ def test_cpu_default_serves_the_installed_real_model_on_every_core():
     # KV sized from a budget and a max_seq_len (not the model's 8k context); "auto" fits the engine
     assert args.engine.max_seq_len == 1024 and args.engine.kv_cache_memory == 2**30
     args.engine.check_params(args.engine.lookahead)
-    # one replica with both cores of the 2-core machine; the ingress asks for none
-    assert args.num_cpus == 2 and args.core_plan(cores=2).torch_threads == 1
+    # one replica with both cores of the 2-core machine, serving the routes itself
+    assert args.num_cpus == 2 and args.core_plan(cores=2).torch_threads == 1 and args.http_routes == "model"
     model = next(d for d in app["deployments"] if d["name"] == "LookaheadModel")
     assert model["num_replicas"] == 1 and "autoscaling_config" not in model
-    assert model["max_queued_requests"] > 0 and model["max_ongoing_requests"] >= args.engine.max_batch
+    # every request the engine can hold reaches it, so overload gets the engine's 503 (the envelope)
+    assert model["max_queued_requests"] > 0
+    assert model["max_ongoing_requests"] == args.engine.max_batch + args.engine.max_waiting
 
 
 def test_served_name_defaults_to_the_file_or_folder_name():
@@ -116,6 +119,7 @@ def test_asking_for_missing_gpus_fails_fast_with_a_message():
         ({"engine": {"lookahead": {"n": 1, "w": 2, "g": 2}}}, "n must be >= 2"),
         ({"modle": {}}, "modle"),
         ({"num_gpus": -1}, "num_gpus"),
+        ({"http_routes": "proxy"}, "http_routes"),
     ],
 )
 def test_bad_app_args_are_refused(args, message):
@@ -144,12 +148,22 @@ def test_api_keys_come_from_the_config_or_an_environment_variable():
         AuthArgs(api_keys=["short"]).resolve_keys({})
 
 
-def test_auth_keys_never_reach_the_model_replicas():
-    app = build_app({"auth": {"api_keys": ["k" * 20]}})
+def test_auth_keys_reach_only_the_replicas_serving_the_routes():
+    app = build_app({"auth": {"api_keys": ["k" * 20]}, "http_routes": "ingress"})
     ingress = app._bound_deployment
     model_bound = ingress.init_args[0]
+    assert ingress.name == "LookaheadAPI" and model_bound._bound_deployment.name == "LookaheadModel"
     assert "auth" not in model_bound._bound_deployment.init_args[0]
     assert ingress.init_args[4]["api_keys"] == ["k" * 20]
+    routed = build_app({"auth": {"api_keys": ["k" * 20]}})._bound_deployment  # http_routes: model, the default
+    assert routed.name == "LookaheadModel" and len(routed.init_args) == 2
+    assert "auth" not in routed.init_args[0] and routed.init_args[1]["api_keys"] == ["k" * 20]
+
+
+def test_the_cluster_configs_keep_the_resending_ingress():
+    for path in SERVE_CONFIGS[1:]:
+        for app in yaml.safe_load(path.read_text())["applications"]:
+            assert AppArgs.model_validate(app["args"]).http_routes == "ingress", path.name
 
 
 def test_the_gpu_config_fits_an_80_gb_gpu_by_the_replicas_kv_arithmetic():

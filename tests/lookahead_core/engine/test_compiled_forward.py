@@ -323,6 +323,51 @@ def test_eager_attention_keeps_its_path_while_another_thread_compiles():
     assert torch.compile(traced, backend="eager")(torch.zeros(1)).item() == 1
 
 
+@pytest.mark.parametrize("width", [1, 5])
+def test_packed_grouped_query_attention_is_transformers_attention(width):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from lookahead_core.engine.compile_setup import packed_gqa_attention
+
+    gen = torch.Generator().manual_seed(width)
+    q, k, v = (torch.randn(shape, generator=gen).to(torch.bfloat16)
+               for shape in ((2, 4, width, 16), (2, 2, 9, 16), (2, 2, 9, 16)))
+    mask = torch.zeros(2, 1, width, 9)
+    mask[:, 0, :, 9 - width :] = torch.full((width, width), MIN).triu_(1)
+    mask[1, 0, :, :3] = MIN  # keys another row does not see
+    mask = mask.to(torch.bfloat16)
+    ref, _ = sdpa_attention_forward(SimpleNamespace(num_key_value_groups=2, is_causal=True), q, k, v, mask, scaling=0.25)
+    torch.testing.assert_close(packed_gqa_attention(q, k, v, mask, 2, 0.25).float(), ref.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_a_traced_bf16_forward_packs_grouped_query_heads(model, monkeypatch):
+    """In a trace a bf16 forward's grouped-query attention runs packed, in every layer (the CPU
+    kernel's `enable_gqa` path is several times slower in bf16), and gives eager's logits."""
+    import copy
+
+    from lookahead_core.engine import compile_setup
+
+    compile_setup.install_sdpa_gqa()
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    assert bf16.config.num_attention_heads > bf16.config.num_key_value_heads
+    calls = []
+    packed = compile_setup.packed_gqa_attention
+    monkeypatch.setattr(compile_setup, "packed_gqa_attention", lambda *args: calls.append(1) or packed(*args))
+    ids = torch.randint(2, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.full((2, 1, 12, 12), MIN).triu_(1).to(torch.bfloat16)
+
+    def forward(ids, mask):
+        return bf16(input_ids=ids, attention_mask=mask, position_ids=torch.arange(12)[None].expand(2, 12)).logits
+
+    with torch.inference_mode():
+        eager = forward(ids, mask)
+        assert not calls  # eager forwards keep transformers' attention
+        torch._dynamo.reset()
+        traced = torch.compile(forward, backend="eager")(ids, mask)
+    assert len(calls) == bf16.config.num_hidden_layers
+    torch.testing.assert_close(traced.float(), eager.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_warmup_compiles_without_touching_committed_keys(model):
     cache = _prefilled(model)
     before = [layer.keys[:, :, : CAP - 1].clone() for layer in cache.layers]

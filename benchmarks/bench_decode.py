@@ -32,6 +32,7 @@ from transformers import StaticCache
 
 from lookahead_core import LookaheadParams, ModelRunner, SamplingParams, generate
 from lookahead_core.cli.prompt_sets import read_prompt_set
+from lookahead_core.engine.bucket_staging import NARROW_WIDTH
 from lookahead_core.engine.compile_setup import inductor_options
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
@@ -346,7 +347,8 @@ def main(argv: list[str] | None = None) -> dict:
                          "instead of measuring it: 0 runs every proposed row, as where width is free (tokens per "
                          "step, not speed)")
     ap.add_argument("--compile-buckets", default=None,
-                    help="engine compile buckets, BATCHxWIDTH (default: 1x1 and one of dynamic width up to the widest step)")
+                    help="engine compile buckets, BATCHxWIDTH (default: 1x1, a narrow 1x4 and one of dynamic width up to "
+                         "the widest step)")
     ap.add_argument("--compile-autotune", choices=["on", "off"], default="on",
                     help="on CPU, both compiled peers (HF's and our engine's) time inductor's C++ GEMM template "
                          "against MKL per layer (engine.compile_autotune)")
@@ -383,7 +385,7 @@ def main(argv: list[str] | None = None) -> dict:
         la = [p for p in ours if p is not None] or [LookaheadParams()]
         widest = LookaheadParams(max(p.n for p in la), max(p.w for p in la), max(p.g for p in la),
                                  lookup=max(p.lookup for p in la), successors=max(p.successors for p in la))
-        buckets = args.compile_buckets or f"1x1,1x{widest.max_step_tokens}"
+        buckets = args.compile_buckets or f"1x1,1x{NARROW_WIDTH},1x{widest.max_step_tokens}"
         engine_config = EngineConfig(
             max_batch=1, max_seq_len=max(len(p) for p in prompts) + args.max_new_tokens,
             max_new_tokens=args.max_new_tokens, prefill_chunk=max(len(p) for p in prompts), shared_pool_cap=0,

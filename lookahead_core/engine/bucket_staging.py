@@ -15,12 +15,14 @@ its row's slot is an input, and attention reads a copy of that slot's keys.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+NARROW_WIDTH = 4  # the widest `narrow` bucket
 
 
 @dataclass(frozen=True)
@@ -42,13 +44,33 @@ class Bucket:
         """The width a step `width` tokens wide runs at in its graph of dynamic shapes."""
         return max(width, 2) if self.dynamic_width else self.width
 
+    @property
+    def narrow(self) -> bool:
+        """A decode bucket of dynamic width at most NARROW_WIDTH wide: its graph is compiled at its
+        narrowest step and its GEMMs take inductor's C++ template (`inductor_options`)."""
+        return self.dynamic_width and self.width <= NARROW_WIDTH and not self.prefill
+
+    @property
+    def tune_width(self) -> int:
+        """The width its graph of dynamic width is compiled at: a narrow bucket's narrowest step,
+        a wider decode bucket's 8 tokens, a prefill bucket's 32."""
+        if self.prefill:
+            return min(32, self.width)
+        return self.step_width(2 if self.narrow else min(8, self.width))
+
+
+def _unset(*args: Any) -> Any:
+    raise RuntimeError("this bucket has no compiled function yet")
+
 
 class GraphRecord:
-    """What a bucket's graph did: its compile (or cache load) seconds, whether it came from the
-    on-disk cache, one call's time right after it (the engine idle), and its calls."""
+    """A bucket's compiled function and what its graph did: its compile (or cache load) seconds,
+    whether it came from the on-disk cache, one call's time right after it (the engine idle), and
+    its calls."""
 
     def __init__(self, bucket: Bucket) -> None:
         self.bucket = bucket
+        self.graph: Callable = _unset  # the bucket's own compiled function (`CompiledForward`)
         self.compile_s: float | None = None
         self.cached: bool | None = None
         self.alone_ms: float | None = None
@@ -131,7 +153,6 @@ class DynamicStaging(GraphRecord):
     def __init__(self, bucket: Bucket, kv_pairs, scratch: int, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__(bucket)
         b, t = bucket.batch, bucket.width
-        self.warm_width = min(32 if bucket.prefill else 8, t)
         self.max_kv = min(bucket.kv, scratch)  # the scratch column stays outside every view
         self.scratch = scratch
         self.min = torch.finfo(dtype).min
@@ -139,9 +160,9 @@ class DynamicStaging(GraphRecord):
         self._pos = torch.zeros(b * t, dtype=torch.long, device=device)
         self._cols = torch.full((b * t,), scratch, dtype=torch.long, device=device)
         self._mask = torch.full((b * t * self.max_kv,), self.min, dtype=dtype, device=device)
-        # The warm-up's views, at a typical lookahead step's size: a graph is tuned at the sizes it
-        # is compiled with.
-        self._warm = self._mark(self._view(bucket.step_width(self.warm_width), min(256, self.max_kv)))
+        # The warm-up's views, at the bucket's tuning width: a graph is tuned at the sizes it is
+        # compiled with.
+        self._warm = self._mark(self._view(bucket.tune_width, min(256, self.max_kv)))
         self.clear()
         self.rows = torch.arange(b, device=device)[:, None]  # each row's slot
         self.cache = BucketCache(kv_pairs, self.rows, self._warm[3], self.max_kv, gather=bucket.prefill)

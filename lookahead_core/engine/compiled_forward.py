@@ -7,7 +7,8 @@ and packs them once. A step [B, T] attending to kv_len keys runs in the cheapest
 (bucket_staging.py); the runner runs steps outside every bucket eagerly. With `dynamic` (the CPU
 default) a bucket's graph takes any key length up to its own unpadded (attention reads only the
 keys the step has), and a bucket wider than two any width from 2 to its own: a one-token bucket
-and one wide bucket per batch then hold every step the planner may pick.
+and one wide bucket per batch then hold every step the planner may pick (a narrow bucket beside
+them runs steps of 2 to 4 tokens with GEMM kernels picked for that width, `Bucket.narrow`).
 
 On CPU, freezing turns every *static* graph input into a constant, so nothing is marked static
 there and each frozen graph holds its own packed copy of the weights. Compiled graphs are kept in
@@ -22,7 +23,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -76,9 +77,9 @@ class CompiledForward:
     needs it; else that step runs eagerly.
 
     The cache's decode rows are slots [0, B). The logits returned are a view of the graph's
-    output, valid until the next call. Each instance compiles graphs of its own, and dynamo's
-    guards on the model are skipped (they re-read every module attribute on each call; the model
-    never changes after load); the inputs' tensor guards pick the bucket's graph.
+    output, valid until the next call. Each bucket has a compiled function of its own, holding
+    its graph only, and dynamo's guards on the model are skipped (they re-read every module
+    attribute on each call; the model never changes after load).
     """
 
     def __init__(
@@ -115,13 +116,17 @@ class CompiledForward:
         # CUDA graphs replay fixed shapes
         self.dynamic = (not cuda) if dynamic is None else dynamic
         self.inductor_options = inductor_options(cuda, gemm_autotune) if self.freezing else {}
+        self.narrow_options = inductor_options(cuda, gemm_autotune, narrow=True) if self.freezing else {}
         self.mode = mode if mode is not None else ("reduce-overhead" if cuda else None)
         self.cudagraphs = cuda and self.mode in ("reduce-overhead", "max-autotune")
         options: dict[str, Any] = {**(list_mode_options(self.mode) if self.mode else {}),
                                    "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        graphs = len(self.batch_buckets) * len(self.width_buckets) * len(self.kv_buckets) + 1  # and a prefill graph
-        self._fn = (torch.compile(_decode_step, fullgraph=True, dynamic=False, options=options,
-                                  **recompile_limit(graphs)) if compile else _decode_step)
+        # One compiled function per bucket, each with its own graphs (isolate_recompiles): dynamo
+        # runs the newest graph whose guards admit the inputs, so with one function for all, a
+        # wide graph of dynamic width took the steps a narrow one was compiled for.
+        self._new_graph: Callable[[], Callable] = (
+            (lambda: torch.compile(_decode_step, fullgraph=True, dynamic=False, options=options, **recompile_limit(2)))
+            if compile else (lambda: _decode_step))
         install_sdpa_gqa()
         quiet_autotune()
         if compile and self.freezing:
@@ -164,9 +169,9 @@ class CompiledForward:
         held = [b for b in list(self.ready)  # one copy: the compile thread adds to it
                 if b.batch >= rows and b.width >= width and b.kv >= kv_len and not b.prefill]
         # a dynamic graph reads the step's own keys, whichever bucket holds it; on a tie the graph
-        # compiled (and tuned) at the step's own width wins
+        # compiled (and tuned) at the step's own width wins, then the narrowest (tuned nearest it)
         return min(held, key=lambda b: (b.batch * self.run_width(b, width) * (kv_len if self.dynamic else b.kv),
-                                        b.batch, self.is_dynamic(b)), default=None)
+                                        b.batch, self.is_dynamic(b), b.width), default=None)
 
     def is_dynamic(self, bucket: Bucket) -> bool:
         """Its graph takes any width in [2, bucket.width]."""
@@ -190,6 +195,7 @@ class CompiledForward:
                 raise ValueError(f"{bucket}: a prefill graph needs dynamic shapes (CPU)")
             else:
                 st = Staging(bucket, pairs, self.scratch, self.dtype, self.device, self.static_inputs)
+            st.graph = self._new_graph()
             self._staging[bucket] = st
         return st
 
@@ -201,11 +207,12 @@ class CompiledForward:
         # Inductor reads its flags when it compiles, i.e. on a bucket's first call; freezing as a
         # `torch.compile` option is not applied. The flags are global: only the thread that
         # compiles (one at a time, `_compile_lock`) sets them, and eager forwards never read them.
-        setup = compiling(self.inductor_options, self.cache_tag) if first else contextlib.nullcontext()
+        options = self.narrow_options if self.dynamic and st.bucket.narrow else self.inductor_options
+        setup = compiling(options, self.cache_tag) if first else contextlib.nullcontext()
         with _compile_lock if first else contextlib.nullcontext(), setup as loaded, torch.inference_mode():
             if self.cudagraphs:
                 torch.compiler.cudagraph_mark_step_begin()
-            logits, pred = self._fn(self.model, *st.inputs())
+            logits, pred = st.graph(self.model, *st.inputs())
         if first:
             st.compile_s = time.perf_counter() - t0
             st.cached = bool(loaded and loaded[0])
@@ -243,7 +250,7 @@ class CompiledForward:
         with torch.inference_mode():
             for _ in range(calls):
                 t0 = time.perf_counter()
-                self._fn(self.model, *inputs)
+                st.graph(self.model, *inputs)
                 times.append((time.perf_counter() - t0) * 1000.0)
         return None if self.busy else round(sorted(times)[calls // 2], 3)
 

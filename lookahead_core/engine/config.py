@@ -90,10 +90,11 @@ class EngineConfig(BaseModel):
         "off", description="decode forward compiled per bucket: \"on\" compiles every bucket before the engine "
                            "starts, \"auto\" serves at once (eager) and compiles them on a background thread")
     compile_buckets: tuple[tuple[int, int], ...] = Field(
-        ((1, 1), (1, 17)), description="(batch, step width) shapes compiled; on CPU a bucket wider than two "
-                                       "takes every width from 2 to its own in one graph (dynamic width). A step "
-                                       "runs in the cheapest compiled one that holds it, padded in batch (and in "
-                                       "width where static), or eagerly when none does")
+        ((1, 1), (1, 4), (1, 17)), description="(batch, step width) shapes compiled; on CPU a bucket wider than "
+                                       "two takes every width from 2 to its own in one graph (dynamic width), one "
+                                       "3 or 4 wide compiled for narrow steps (Bucket.narrow). A step runs in the "
+                                       "cheapest compiled one that holds it, padded in batch (and in width where "
+                                       "static), or eagerly when none does")
     compile_load_share: float = Field(
         0.25, ge=0, le=1, description="\"auto\": the share of time the background compile takes while requests "
                                        "decode (it slows them meanwhile); 0 compiles only while the engine is idle")

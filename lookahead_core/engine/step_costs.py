@@ -44,6 +44,7 @@ class StepCosts:
         self._narrowest: dict[int, int] = {}  # per batch bucket, the narrowest measured width
         self._widest: dict[int, int] = {}
         self._priors: dict[tuple[int, int], float] = {}  # prior_ms per (bucket, width) at forward `_priors_at`
+        self._ones: dict[int, float] = {}  # one_token_ms per bucket at forward `_priors_at`
         self._priors_at = -1
         self.observed = 0
         self.last: tuple[int, int, float] | None = None  # (batch, width, ms) of the latest forward
@@ -104,9 +105,7 @@ class StepCosts:
         one = self.one_token_ms(batch)
         if one is None:
             return None
-        if self._priors_at != self.observed:  # a step's plan prices every width on offer: once per forward
-            self._priors.clear()
-            self._priors_at = self.observed
+        self._per_forward()
         key = (bucket, width)
         if key not in self._priors:
             settled = self._settled(bucket)
@@ -147,12 +146,26 @@ class StepCosts:
 
     def one_token_ms(self, batch: int) -> float | None:
         """A one-token step's cost at this batch size: measured, or else inferred from the narrowest
-        measured width through the prior (a bucket whose rows never all run plain still gets a price)."""
+        measured width through the prior (a bucket whose rows never all run plain still gets a
+        price); never above a settled wider width's (a first timing that erred slow lingers in a
+        cell that lookahead steps seldom re-measure, and would make every width look free)."""
         bucket = batch_bucket(batch)
         width = self._narrowest.get(bucket)
         if width is None:
             return None
-        return self._ms[bucket, width] / self.prior_ratio(width)
+        self._per_forward()
+        one = self._ones.get(bucket)
+        if one is None:
+            one = self._ms[bucket, width] / self.prior_ratio(width)
+            one = self._ones[bucket] = min([one, *(v for w, v in self._settled(bucket) if w > width)])
+        return one
+
+    def _per_forward(self) -> None:
+        """A step's plan prices every width on offer: priors and one-token costs once per forward."""
+        if self._priors_at != self.observed:
+            self._priors.clear()
+            self._ones.clear()
+            self._priors_at = self.observed
 
     def ratio(self, batch: int, width: int) -> float:
         """Cost of a step of `width` tokens per row against a step of one, at this batch size."""

@@ -10,10 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch._dynamo.eval_frame import _get_cache_entries_for_region
 
 from lookahead_core.engine.bucket_staging import Bucket
 from lookahead_core.engine.compile_setup import CompileThrottle
-from lookahead_core.engine.compiled_forward import CompiledForward
+from lookahead_core.engine.compiled_forward import CompiledForward, _decode_step
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.kv_cache import BatchKVCache
@@ -209,6 +210,41 @@ def test_a_dynamic_bucket_runs_every_width_and_key_length_in_one_graph(model):
     assert cf.calls == 6 and cf._staging[Bucket(2, 8, CAP)].calls == 7  # and the warm-up
 
 
+def test_narrow_steps_run_in_the_graph_tuned_at_their_width(model):
+    """A narrow dynamic bucket is compiled (each GEMM timed) at its narrowest step, a wide one at
+    8 tokens, a prefill one at 32: a step of 2 to 4 tokens takes the narrow graph, wider steps the
+    wide one, a one-token step the static graph."""
+    cache = _prefilled(model)
+    cf = CompiledForward(model, cache, batch_buckets=(1,), width_buckets=(1, 4, 16), kv_buckets=(CAP,), lazy=False)
+    static, narrow, wide = Bucket(1, 1, CAP), Bucket(1, 4, CAP), Bucket(1, 16, CAP)
+    assert (narrow.tune_width, wide.tune_width, Bucket(1, 48, CAP, prefill=True).tune_width) == (2, 8, 32)
+    assert [cf._stage_for(b).inputs()[0].shape[1] for b in (narrow, wide)] == [2, 8]  # the views it compiles with
+    cf.ready |= {static, narrow, wide}
+    assert [cf.ready_bucket_for(1, w, 40) for w in (1, 2, 3, 4, 5, 16)] == [static, narrow, narrow, narrow, wide, wide]
+    cf.ready.discard(narrow)
+    assert cf.ready_bucket_for(1, 3, 40) == wide
+
+
+@pytest.mark.compile
+def test_a_step_runs_in_its_own_buckets_graph(model):
+    """A narrow bucket compiled before a wide one of the same batch: a step of 3 tokens runs in
+    the narrow bucket's graph, not in the wide one's, whose guards admit it too (dynamo runs the
+    newest graph that admits a step among those of one function); each bucket's function holds
+    its own graph only."""
+    eager_cache, cache = _prefilled(model), _prefilled(model)
+    cf = CompiledForward(model, cache, batch_buckets=(2,), width_buckets=(4, 8), kv_buckets=(CAP,), lazy=False)
+    narrow, wide = Bucket(2, 4, CAP), Bucket(2, 8, CAP)
+    cf.warmup([narrow, wide])
+    ref_pred, ref_logits = _run(_eager(cf.model), eager_cache, 2, 3, 5)
+    pred, logits = _run(_runner(cf).decode, cache, 2, 3, 5)
+    assert pred == ref_pred
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    assert (cf._staging[narrow].calls, cf._staging[wide].calls) == (2, 1)  # and each one's warm-up
+    for b in (narrow, wide):
+        region = cf._staging[b].graph._isolate_recompiles_id
+        assert len(_get_cache_entries_for_region(_decode_step, region)) == 1, b
+
+
 @pytest.mark.compile
 def test_a_prompt_chunk_in_the_first_slot_prefills_in_a_graph(model):
     """A prompt chunk for slot 0 (a request that arrives alone) runs in the ready graph that holds
@@ -269,14 +305,10 @@ def test_a_graph_that_raises_is_dropped_and_its_step_reruns_eagerly(model):
     cf = CompiledForward(model, cache, batch_buckets=(2, 4), width_buckets=(1,), compile=False, lazy=False)
     runner = _runner(cf)
     cf.warmup([Bucket(2, 1, CAP), Bucket(4, 1, CAP)])
-    graph = cf._fn
+    def broken(*args):
+        raise RuntimeError("graph replay failed")
 
-    def broken(model, ids, *args):
-        if ids.shape[0] == 2:
-            raise RuntimeError("graph replay failed")
-        return graph(model, ids, *args)
-
-    cf._fn = broken
+    cf._staging[Bucket(2, 1, CAP)].graph = broken
     ref, ref_logits = _run(_eager(cf.model), ref_cache, 2, 1, 9)
     pred, logits = _run(runner.decode, cache, 2, 1, 9)
     assert pred == ref
@@ -423,7 +455,8 @@ def test_engine_requests_complete_when_every_graph_raises(model):
     def broken(*args):
         raise RuntimeError("graph replay failed")
 
-    engine.compiled._fn = broken
+    for st in engine.compiled._staging.values():
+        st.graph = broken
     assert _serve(engine, PROMPTS, modes) == eager
     assert engine.compiled.graph_failures == 3 and not engine.compiled.ready  # two decode graphs, the prefill graph
     assert engine.runner.eager_forwards > 2 and engine.compiled.calls == 0

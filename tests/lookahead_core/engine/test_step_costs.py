@@ -162,3 +162,20 @@ def test_a_batch_whose_forward_changed_is_measured_afresh():
     c.observe(1, 2, 30.0)
     assert c.measured(1, 1) == 25.0 and c.measured(1, 2) == 30.0
     assert c.samples(1, 2) == 1 and c.samples(4, 2) == 20
+
+
+def test_a_one_token_step_is_priced_no_dearer_than_a_settled_wider_one():
+    """A one-token cell whose first timing erred slow (a graph's first call), then seldom re-run
+    because wider steps are taken: it would price every width as free. It is priced at most at the
+    cheapest settled wider width, so wider ones still cost what they cost beyond it."""
+    c = StepCosts(alpha=0.1, settle=4)
+    c.observe(1, 1, 60.0)
+    c.observe(1, 1, 20.0)
+    for _ in range(4):
+        c.observe(1, 3, 22.0)
+        c.observe(1, 9, 38.0)
+    assert c.measured(1, 1) > 50.0
+    assert c.one_token_ms(1) == 22.0
+    assert c.ratio(1, 3) == 1.0 and c.ratio(1, 9) == pytest.approx(38.0 / 22.0)
+    c.observe(1, 2, 21.0)  # tried once: not settled, so it does not set the price
+    assert c.one_token_ms(1) == 22.0

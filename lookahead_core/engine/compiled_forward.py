@@ -124,8 +124,10 @@ class CompiledForward:
         # One compiled function per bucket, each with its own graphs (isolate_recompiles): dynamo
         # runs the newest graph whose guards admit the inputs, so with one function for all, a
         # wide graph of dynamic width took the steps a narrow one was compiled for.
+        graphs = len(self.batch_buckets) * len(self.width_buckets) * len(self.kv_buckets) + 1  # and a prefill graph
+        limit = recompile_limit(graphs)  # per function where torch isolates them, else for all
         self._new_graph: Callable[[], Callable] = (
-            (lambda: torch.compile(_decode_step, fullgraph=True, dynamic=False, options=options, **recompile_limit(2)))
+            (lambda: torch.compile(_decode_step, fullgraph=True, dynamic=False, options=options, **limit))
             if compile else (lambda: _decode_step))
         install_sdpa_gqa()
         quiet_autotune()

@@ -47,8 +47,17 @@ class Bucket:
     @property
     def narrow(self) -> bool:
         """A decode bucket of dynamic width at most NARROW_WIDTH wide: its graph is compiled at its
-        narrowest step and its GEMMs take inductor's C++ template (`inductor_options`)."""
+        narrowest step."""
         return self.dynamic_width and self.width <= NARROW_WIDTH and not self.prefill
+
+    @property
+    def template_gemms(self) -> bool:
+        """Its GEMMs take inductor's C++ template only (`inductor_options(template_only=True)`): a
+        decode graph of 3 to NARROW_WIDTH rows (one-token steps of 3 or 4 sequences, a narrow
+        bucket of one). There oneDNN won autotuning's isolated timings on AVX512 without AMX and
+        ran slower inside the forward; at 1 and 2 rows autotuning's own pick, and from 8 rows
+        oneDNN, were the faster (docs/BENCHMARKS.md, "GEMM kernels by rows")."""
+        return not self.prefill and 2 < self.batch * self.width <= NARROW_WIDTH
 
     @property
     def tune_width(self) -> int:

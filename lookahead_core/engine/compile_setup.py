@@ -145,12 +145,13 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def inductor_options(cuda: bool, gemm_autotune: bool = True, narrow: bool = False) -> dict:
+def inductor_options(cuda: bool, gemm_autotune: bool = True, template_only: bool = False) -> dict:
     """Inductor settings for a decode graph, set around its compile. On CPU: freezing (weights
     folded into constants and packed once) and, with `gemm_autotune`, every linear layer timed at
     its own shape between inductor's C++ micro-GEMM template and the packed MKL kernel
     (`max_autotune`, backends CPP and ATEN): on a 2-core AVX2 EPYC, MKL took 1.5x its one-row time
-    for two rows and the template 1.06x. `narrow` (a `Bucket.narrow` graph): the template only.
+    for two rows and the template 1.06x. `template_only` (a graph of 3 or 4 rows,
+    `Bucket.template_gemms`): the template only.
     On CUDA: nothing (CUDA graphs come from the mode)."""
     if cuda:
         return {}
@@ -158,9 +159,8 @@ def inductor_options(cuda: bool, gemm_autotune: bool = True, narrow: bool = Fals
     if gemm_autotune:
         # the choices' stats go to stderr per GEMM otherwise (quiet_autotune silences the tables)
         options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN", max_autotune_report_choices_stats=False)
-        if narrow:
-            # A graph of dynamic rows keeps the GEMM picked at its tuning size for every size. At 2
-            # to 8 rows oneDNN won the isolated timing on AVX512 without AMX and ran 2-3x slower
+        if template_only:
+            # At 3 and 4 rows oneDNN won the isolated timing on AVX512 without AMX and ran slower
             # than the template inside the forward (the weights streamed from memory, not cached).
             options["max_autotune_gemm_backends"] = "CPP"
     return options

@@ -8,7 +8,8 @@ and packs them once. A step [B, T] attending to kv_len keys runs in the cheapest
 default) a bucket's graph takes any key length up to its own unpadded (attention reads only the
 keys the step has), and a bucket wider than two any width from 2 to its own: a one-token bucket
 and one wide bucket per batch then hold every step the planner may pick (a narrow bucket beside
-them runs steps of 2 to 4 tokens with GEMM kernels picked for that width, `Bucket.narrow`).
+them runs steps of 2 to 4 tokens with GEMM kernels picked for that width, `Bucket.narrow`; graphs
+of 3 or 4 rows take inductor's GEMM template, `Bucket.template_gemms`).
 
 On CPU, freezing turns every *static* graph input into a constant, so nothing is marked static
 there and each frozen graph holds its own packed copy of the weights. Compiled graphs are kept in
@@ -116,7 +117,7 @@ class CompiledForward:
         # CUDA graphs replay fixed shapes
         self.dynamic = (not cuda) if dynamic is None else dynamic
         self.inductor_options = inductor_options(cuda, gemm_autotune) if self.freezing else {}
-        self.narrow_options = inductor_options(cuda, gemm_autotune, narrow=True) if self.freezing else {}
+        self.template_options = inductor_options(cuda, gemm_autotune, template_only=True) if self.freezing else {}
         self.mode = mode if mode is not None else ("reduce-overhead" if cuda else None)
         self.cudagraphs = cuda and self.mode in ("reduce-overhead", "max-autotune")
         options: dict[str, Any] = {**(list_mode_options(self.mode) if self.mode else {}),
@@ -203,14 +204,17 @@ class CompiledForward:
 
     # ---- running ----------------------------------------------------------------------------
 
+    def options_for(self, bucket: Bucket) -> dict:
+        """The inductor settings a bucket's graph is compiled with."""
+        return self.template_options if bucket.template_gemms else self.inductor_options
+
     def _run(self, st: Staging | DynamicStaging) -> tuple[torch.Tensor, torch.Tensor]:
         first = st.compile_s is None
         t0 = time.perf_counter() if first else 0.0
         # Inductor reads its flags when it compiles, i.e. on a bucket's first call; freezing as a
         # `torch.compile` option is not applied. The flags are global: only the thread that
         # compiles (one at a time, `_compile_lock`) sets them, and eager forwards never read them.
-        options = self.narrow_options if self.dynamic and st.bucket.narrow else self.inductor_options
-        setup = compiling(options, self.cache_tag) if first else contextlib.nullcontext()
+        setup = compiling(self.options_for(st.bucket), self.cache_tag) if first else contextlib.nullcontext()
         with _compile_lock if first else contextlib.nullcontext(), setup as loaded, torch.inference_mode():
             if self.cudagraphs:
                 torch.compiler.cudagraph_mark_step_begin()

@@ -225,6 +225,22 @@ def test_narrow_steps_run_in_the_graph_tuned_at_their_width(model):
     assert cf.ready_bucket_for(1, 3, 40) == wide
 
 
+def test_graphs_of_three_or_four_rows_take_the_gemm_template(model):
+    """One-token steps of 3 or 4 sequences and a narrow bucket of one take inductor's C++ GEMM
+    template only; one or two rows, 8 rows and more, and prompt chunks are autotuned between the
+    template and the library kernels."""
+    cf = CompiledForward(model, _prefilled(model), batch_buckets=(1, 2, 3, 4), width_buckets=(1, 4, 16), kv_buckets=(CAP,))
+    backends = {(b, w): cf.options_for(Bucket(b, w, CAP))["max_autotune_gemm_backends"]
+                for b in (1, 2, 3, 4) for w in (1, 4, 16)}
+    assert backends == {(1, 1): "CPP,ATEN", (1, 4): "CPP", (1, 16): "CPP,ATEN",
+                        (2, 1): "CPP,ATEN", (2, 4): "CPP,ATEN", (2, 16): "CPP,ATEN",
+                        (3, 1): "CPP", (3, 4): "CPP,ATEN", (3, 16): "CPP,ATEN",
+                        (4, 1): "CPP", (4, 4): "CPP,ATEN", (4, 16): "CPP,ATEN"}
+    assert cf.options_for(Bucket(1, 3, CAP))["max_autotune_gemm_backends"] == "CPP"
+    assert cf.options_for(Bucket(1, 4, CAP, prefill=True))["max_autotune_gemm_backends"] == "CPP,ATEN"
+    assert cf.options_for(Bucket(4, 1, CAP))["freezing"] is True
+
+
 @pytest.mark.compile
 def test_a_step_runs_in_its_own_buckets_graph(model):
     """A narrow bucket compiled before a wide one of the same batch: a step of 3 tokens runs in

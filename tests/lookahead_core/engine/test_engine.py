@@ -57,7 +57,10 @@ def _first_unique_index(ref, at_least):
 
 def test_mixed_batch_matches_single_sequence_greedy(setup):
     model, cases = setup
-    engine = Engine(model, EngineConfig(max_batch=4, prefill_chunk=8, max_new_tokens=64))
+    # width held free: on a tiny model measured step costs are timing noise, and they set how wide
+    # paced rows run and which tree rows a step keeps
+    free = HeldCosts({(batch, width): 10.0 for batch in (1, 2, 4) for width in range(1, 80)})
+    engine = Engine(ModelRunner(model, free), EngineConfig(max_batch=4, prefill_chunk=8, max_new_tokens=64))
     P = LookaheadParams
     params = [None, P(3, 4, 4), P(5, 7, 7), P(2, 1, 1), P(7, 15, 15), P(4, 5, 5), None, P(3, 2, 2), P(5, 3, 6), P(6, 4, 4)]
     arrivals = {0: [0, 1, 2], 2: [3, 4], 5: [5], 9: [6, 7], 14: [8, 9]}

@@ -7,7 +7,9 @@ then driven by the same client (`loadtests/client.py`): closed-loop users stream
 with the usage chunk). At each user count every prompt of the set is sent once, so no answer is
 copied from an earlier request; our replica's cross-request history is reported on or off beside
 each figure (`--history off` turns it off in the served config). Ours runs `"auto"` and `"off"`
-(the request's `lookahead` field) on the same server; vLLM runs plain decoding.
+(the request's `lookahead` field) on the same server, side by side at each user count; vLLM runs
+plain decoding. Our server is driven once every compiled graph is ready and timed alone (the
+planner prices widths from those timings).
 
     make bench-serving                                  # sets vLLM up in .venv-vllm, then runs this
     python -m benchmarks.bench_serving --users 1,4,16 --json results/serving.json
@@ -150,12 +152,13 @@ def in_process(app_args: dict, prompts: list[str], max_tokens: int) -> dict:
 
 
 def ours_ready(url: str) -> bool:
-    """Healthy, and every compiled bucket ready (or failed): steps run as they will in service."""
+    """Healthy, and every compiled bucket ready and timed alone (or failed): steps run, and are
+    priced, as they will be in service (a request sent while a graph is timed skips its timing)."""
     health = requests.get(url + "/health", timeout=10)
     if health.status_code != 200:
         return False
     buckets = health.json().get("compiled_decode", {}).get("buckets") or []
-    return all(b["ready"] or "error" in b for b in buckets)
+    return all((b["ready"] and b["timed_alone"] is not None) or "error" in b for b in buckets)
 
 
 def run_levels(url: str, name: str, prompts: list[str], users: list[int], max_tokens: int, model: str,
@@ -267,8 +270,9 @@ def main(argv: list[str] | None = None) -> dict:
                       f"torch_threads={health['torch_threads']} history={args.history} "
                       f"core_plan={json.dumps(health.get('core_plan'))}", flush=True)
                 print(HEADER, flush=True)
-                for mode in args.modes.split(","):
-                    rows += run_levels(url, f"ours-{mode}", prompts, users, args.max_tokens, name, {"lookahead": mode})
+                for u in users:  # the modes side by side at each level: a host that drifts moves both
+                    for mode in args.modes.split(","):
+                        rows += run_levels(url, f"ours-{mode}", prompts, [u], args.max_tokens, name, {"lookahead": mode})
                 after = requests.get(url + "/health", timeout=30).json()
                 print(f"ours after: step_costs_ms={json.dumps(after.get('step_costs_ms'))}", flush=True)
                 health["after"] = after

@@ -23,6 +23,9 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 NARROW_WIDTH = 4  # the widest `narrow` bucket
+# The step widths a ready decode graph is timed at alone (those it holds), for the planner's prices
+# (`StepCosts.calibrate`); widths between are interpolated, wider ones extrapolated.
+TIMED_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
 @dataclass(frozen=True)
@@ -74,16 +77,28 @@ def _unset(*args: Any) -> Any:
 
 class GraphRecord:
     """A bucket's compiled function and what its graph did: its compile (or cache load) seconds,
-    whether it came from the on-disk cache, one call's time right after it (the engine idle), and
-    its calls."""
+    whether it came from the on-disk cache, what a step of each width it runs costs right after
+    it (the engine idle), and its calls."""
 
     def __init__(self, bucket: Bucket) -> None:
         self.bucket = bucket
         self.graph: Callable = _unset  # the bucket's own compiled function (`CompiledForward`)
         self.compile_s: float | None = None
         self.cached: bool | None = None
-        self.alone_ms: float | None = None
+        self.alone_ms: dict[int, float] = {}  # the width a step runs at in the graph -> ms, timed alone
+        self.timed_alone: bool | None = None  # None until its timing ran; False where the engine was stepping
         self.calls = 0
+
+    def timed_widths(self) -> list[int]:
+        """The widths its graph is timed at alone: the bucket's own where its shape is static."""
+        return [self.bucket.width]
+
+    def pad_view(self, width: int) -> None:
+        """All-padding inputs for a step `width` wide (a step then writes only scratch columns)."""
+        self.clear()
+
+    def clear(self) -> None:
+        raise NotImplementedError
 
 
 class Staging(GraphRecord):
@@ -175,6 +190,21 @@ class DynamicStaging(GraphRecord):
         self.clear()
         self.rows = torch.arange(b, device=device)[:, None]  # each row's slot
         self.cache = BucketCache(kv_pairs, self.rows, self._warm[3], self.max_kv, gather=bucket.prefill)
+
+    def timed_widths(self) -> list[int]:
+        """The widths its graph runs the TIMED_WIDTHS it holds at (a prefill graph: its tuning width)."""
+        b = self.bucket
+        if b.prefill:
+            return [b.tune_width]
+        return sorted({b.step_width(w) for w in TIMED_WIDTHS if w <= b.width})
+
+    def pad_view(self, width: int) -> None:
+        """All-padding views `width` wide at the warm-up's key length (a prefill graph: its warm-up's)."""
+        if self.bucket.prefill:
+            self.clear()
+            return
+        self._views = self._view(width, self._warm[2].shape[-1])
+        self._pad(*self._views)
 
     def _mark(self, views: Views) -> Views:
         """Mark the views the graph is compiled with dynamic: its guards then admit any view whose

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch._inductor import list_mode_options
 
-from lookahead_core.engine.bucket_staging import Bucket, BucketCache, DynamicStaging, Staging, slot_tensors
+from lookahead_core.engine.bucket_staging import TIMED_WIDTHS, Bucket, BucketCache, DynamicStaging, Staging, slot_tensors
 from lookahead_core.engine.compile_setup import (
     CompileThrottle,
     cache_frozen_packed_weights,
@@ -138,7 +138,7 @@ class CompiledForward:
         self._compiler: threading.Thread | None = None
         self.lazy = lazy  # compile a bucket on its first step; else only warmed-up buckets run compiled
         self.ready: set[Bucket] = set()
-        self.ready_changes = 0  # buckets added to or dropped from `ready`, ever
+        self.ready_changes = 0  # buckets added to or dropped from `ready`, or timed alone, ever
         self.failed: dict[Bucket, str] = {}
         self.busy = False  # set by the engine while it has requests: a background compile slows down
         self.load_share = load_share
@@ -243,22 +243,52 @@ class CompiledForward:
                             st.compile_s)
                 release_freed_memory()
                 st.alone_ms = self._time_alone(st)
+                st.timed_alone = bool(st.alone_ms)
+                self.ready_changes += 1  # the runner's prices read the new timings
         return out
 
-    def _time_alone(self, st: Staging | DynamicStaging, calls: int = 5) -> float | None:
-        """The median of a few all-padding calls while the engine has no request: what this graph
-        costs with the cores to itself, beside which /health shows what the same steps cost served.
-        None when the engine stepped meanwhile (that timing would not be alone)."""
-        if self.busy:
-            return None
-        times = []
-        inputs = st.inputs()
+    def _time_alone(self, st: Staging | DynamicStaging, calls: int = 3) -> dict[int, float]:
+        """Per width the graph runs at (`timed_widths`), the fastest of a few all-padding calls
+        after one untimed call, while the engine has no request: what its steps cost with the cores
+        to itself (a preempted call only errs slow), the planner's prices before the engine has run
+        them (`alone_costs`), and beside which /health shows what the same steps cost served.
+        Empty when the engine stepped meanwhile (not alone)."""
+        out: dict[int, float] = {}
         with torch.inference_mode():
-            for _ in range(calls):
-                t0 = time.perf_counter()
-                st.graph(self.model, *inputs)
-                times.append((time.perf_counter() - t0) * 1000.0)
-        return None if self.busy else round(sorted(times)[calls // 2], 3)
+            for width in st.timed_widths():
+                if self.busy:
+                    return {}
+                st.pad_view(width)
+                inputs, times = st.inputs(), []
+                for _ in range(calls + 1):
+                    if self.cudagraphs:
+                        torch.compiler.cudagraph_mark_step_begin()
+                    t0 = time.perf_counter()
+                    st.graph(self.model, *inputs)
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    times.append((time.perf_counter() - t0) * 1000.0)
+                out[width] = round(min(times[1:]), 3)
+        st.clear()
+        return {} if self.busy else out
+
+    def alone_costs(self, kv_len: int = 256) -> dict[int, dict[int, float]]:
+        """{batch: {width: ms}} for the widest batch of each power-of-two range up to the cache's
+        slots: what a step of each TIMED_WIDTHS width costs alone in the ready graph that would run
+        it (`ready_bucket_for` at `kv_len` keys, or the most a step may attend to), where that
+        graph was timed."""
+        table: dict[int, dict[int, float]] = {}
+        kv_len = min(kv_len, self.scratch)
+        for batch in _pow2_upto(self.cache.max_batch):
+            cells = {}
+            for width in TIMED_WIDTHS:
+                bucket = self.ready_bucket_for(batch, width, kv_len)
+                st = self._staging.get(bucket) if bucket is not None else None
+                if st is not None and (ms := st.alone_ms.get(self.run_width(st.bucket, width))) is not None:
+                    cells[width] = ms
+            if cells:
+                table[batch] = cells
+        return table
 
     def compile_in_background(self, buckets: Iterable[Bucket | tuple[int, int, int]]) -> threading.Thread:
         """Compile these buckets one by one on a daemon thread while steps run eagerly; each bucket
@@ -288,12 +318,13 @@ class CompiledForward:
 
     def status(self) -> list[dict]:
         """Every bucket set up: its shape, whether it runs compiled, its compile (or cache load)
-        seconds, whether it came from the on-disk cache, and its calls."""
+        seconds, whether it came from the on-disk cache, its calls, and what its steps cost alone
+        (`timed_alone`: None until timed, False where the engine was stepping then)."""
         return [{"batch": b.batch, "width": b.width, "kv": b.kv, **({"prefill": True} if b.prefill else {}),
                  "ready": b in self.ready,
                  "compile_s": None if st.compile_s is None else round(st.compile_s, 1), "cached": st.cached,
                  "calls": st.calls,
-                 "alone_ms": st.alone_ms,
+                 "alone_ms": st.alone_ms, "timed_alone": st.timed_alone,
                  **({"error": self.failed[b]} if b in self.failed else {})}
                 for b, st in list(self._staging.items())]
 

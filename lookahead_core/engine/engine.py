@@ -116,11 +116,20 @@ class Engine:
 
     def compile_status(self) -> list[dict]:
         """The compiled decode buckets (`CompiledForward.status`), each with what steps of its batch
-        and width cost served beside what its graph cost alone (for /health)."""
-        costs = self.runner.costs
-        return [{**b, "served_ms": None if b.get("prefill") or (ms := costs.measured(b["batch"], b["width"])) is None
-                 else round(ms, 3)}
-                for b in (self.compiled.status() if self.compiled is not None else [])]
+        cost served, per width its graph was timed at and runs, beside what they cost alone (for
+        /health)."""
+        costs, cf = self.runner.costs, self.compiled
+        if cf is None:
+            return []
+
+        def runs(b: dict, width: int) -> bool:
+            own = Bucket(b["batch"], b["width"], b["kv"])
+            return cf.ready_bucket_for(own.batch, width, min(own.kv, cf.scratch)) == own
+
+        return [{**b, "served_ms": {} if b.get("prefill") else
+                 {w: round(ms, 3) for w in b["alone_ms"]
+                  if runs(b, w) and (ms := costs.measured(b["batch"], w)) is not None}}
+                for b in cf.status()]
 
     # ---- requests -------------------------------------------------------------------------
 

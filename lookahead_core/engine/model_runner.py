@@ -117,12 +117,14 @@ class ModelRunner:
         compiled = self.graphs
         if compiled is not None and compiled.ready_changes != self._ready_changes:
             # a bucket that just finished compiling (or failed): its batch's timings price the
-            # path its steps took before, not the one they take now
+            # path its steps took before, not the one they take now; what the ready graphs cost
+            # alone prices the widths not yet run on it
             self._ready_changes = compiled.ready_changes
             ready = set(compiled.ready)
             for changed in ready ^ self._ready:
                 self.costs.forget(changed.batch)
             self._ready = ready
+            self.costs.calibrate(compiled.alone_costs())
         t0 = time.perf_counter()
         out = None
         if compiled is not None:

@@ -1,6 +1,9 @@
 """What a decode forward costs on this machine, learned from the forwards the engine runs."""
 from __future__ import annotations
 
+import bisect
+from collections.abc import Mapping
+
 
 def batch_bucket(batch: int) -> int:
     """Batch sizes are pooled by powers of two: 1, 2, 3-4, 5-8, ..."""
@@ -22,6 +25,9 @@ class StepCosts:
     reason a forward counts at most `clip` times its cell's mean, and a cell not run in the last
     `stale` forwards is priced by the prior again, so it gets tried and re-measured: a width priced
     out under a burst of load is not priced out for good.
+    Where the compiled graphs were timed alone (`calibrate`), that is the prior instead: a width
+    not settled costs its timed ratio to a one-token step times the one-token cost measured now,
+    so no width is run to find out what its graph already showed.
     One cell per (bucket, width) the engine can run: the state is bounded by its limits.
     """
 
@@ -46,6 +52,7 @@ class StepCosts:
         self._priors: dict[tuple[int, int], float] = {}  # prior_ms per (bucket, width) at forward `_priors_at`
         self._ones: dict[int, float] = {}  # one_token_ms per bucket at forward `_priors_at`
         self._priors_at = -1
+        self._timed: dict[int, tuple[list[int], list[float]]] = {}  # per bucket: widths timed alone, their ms
         self.observed = 0
         self.last: tuple[int, int, float] | None = None  # (batch, width, ms) of the latest forward
 
@@ -71,6 +78,43 @@ class StepCosts:
             if key[0] == bucket:
                 self._seen[key] = self.observed - self.stale
         self._priors_at = -1
+
+    def calibrate(self, table: Mapping[int, Mapping[int, float]]) -> None:
+        """What steps cost alone in the graphs that run them, {batch: {width: ms}} with a one-token
+        step's (`CompiledForward.alone_costs`): each batch's bucket is priced by it from now on, and
+        a bucket whose timings changed restarts (`forget`)."""
+        timed = {}
+        for batch, cells in table.items():
+            if 1 in cells and len(cells) > 1:
+                widths = sorted(cells)
+                timed[batch_bucket(batch)] = (widths, [cells[w] for w in widths])
+        for bucket in set(timed) | set(self._timed):
+            if timed.get(bucket) != self._timed.get(bucket):
+                self.forget(1 << bucket)
+        self._timed = timed
+        self._priors_at = -1
+
+    def timed_ratio(self, batch: int, width: int) -> float | None:
+        """A step of `width` against a one-token step as the graphs were timed alone (interpolated
+        between timed widths, extrapolated past the widest), or None where nothing was timed. A
+        batch whose graphs were not timed (the engine was stepping then) takes the nearest timed
+        batch's ratios, the smaller first: far nearer its own than the prior slope."""
+        timed = self._nearest_timed(batch_bucket(batch))
+        if timed is None:
+            return None
+        widths, ms = timed
+        i = min(max(bisect.bisect_left(widths, width), 1), len(widths) - 1)
+        (w0, v0), (w1, v1) = (widths[i - 1], ms[i - 1]), (widths[i], ms[i])
+        return max((v0 + (v1 - v0) * (width - w0) / (w1 - w0)) / ms[0], 1.0)
+
+    def _nearest_timed(self, bucket: int) -> tuple[list[int], list[float]] | None:
+        near = min(self._timed, key=lambda b: (abs(b - bucket), b > bucket), default=None)
+        return None if near is None else self._timed[near]
+
+    def _ratio_prior(self, batch: int, width: int) -> float:
+        """A width's cost against a one-token step before it settles: timed, else `prior_ratio`."""
+        timed = self.timed_ratio(batch, width)
+        return self.prior_ratio(width) if timed is None else timed
 
     def _fresh_n(self, key: tuple[int, int]) -> int:
         """Forwards behind this cell's mean; 0 once it has not run for `stale` forwards."""
@@ -98,16 +142,19 @@ class StepCosts:
         return (n * value + (self.settle - n) * prior) / self.settle
 
     def prior_ms(self, batch: int, width: int) -> float | None:
-        """What a width not yet settled is expected to cost: the widest settled narrower width (a
-        one-token step at least) plus, per token beyond it, `slope` one-token steps (learned from
-        the other wide widths: a cell's own first timings must not price it out)."""
+        """What a width not yet settled is expected to cost: a one-token step times its timed ratio
+        (`calibrate`); else the widest settled narrower width (a one-token step at least) plus, per
+        token beyond it, `slope` one-token steps (learned from the other wide widths: a cell's own
+        first timings must not price it out)."""
         bucket = batch_bucket(batch)
         one = self.one_token_ms(batch)
         if one is None:
             return None
         self._per_forward()
         key = (bucket, width)
-        if key not in self._priors:
+        if key not in self._priors and (timed := self.timed_ratio(batch, width)) is not None:
+            self._priors[key] = one * timed
+        elif key not in self._priors:
             settled = self._settled(bucket)
             below_w, below = next(((w, v) for w, v in reversed(settled) if w < width), (1, one))
             self._priors[key] = max(below, one) + one * self.slope(bucket, exclude=width) * (width - below_w)
@@ -147,16 +194,18 @@ class StepCosts:
     def one_token_ms(self, batch: int) -> float | None:
         """A one-token step's cost at this batch size: measured, or else inferred from the narrowest
         measured width through the prior (a bucket whose rows never all run plain still gets a
-        price); never above a settled wider width's (a first timing that erred slow lingers in a
-        cell that lookahead steps seldom re-measure, and would make every width look free)."""
+        price), or before any forward as its graph was timed alone; never above a settled wider
+        width's (a first timing that erred slow lingers in a cell that lookahead steps seldom
+        re-measure, and would make every width look free)."""
         bucket = batch_bucket(batch)
         width = self._narrowest.get(bucket)
         if width is None:
-            return None
+            timed = self._timed.get(bucket)
+            return timed[1][0] if timed is not None else None
         self._per_forward()
         one = self._ones.get(bucket)
         if one is None:
-            one = self._ms[bucket, width] / self.prior_ratio(width)
+            one = self._ms[bucket, width] / self._ratio_prior(batch, width)
             one = self._ones[bucket] = min([one, *(v for w, v in self._settled(bucket) if w > width)])
         return one
 
@@ -174,28 +223,33 @@ class StepCosts:
         one = self.one_token_ms(batch)
         wide = self.ms(batch, width)
         if one is None or wide is None:
-            return self.prior_ratio(width)
+            return self._ratio_prior(batch, width)
         return max(wide / one, 1.0)
 
     def row_price(self, batch: int) -> float:
         """What one more token per row costs, in one-token steps: the mean slope from one token
-        to the widest step measured at this batch size (0 before a wide step has run)."""
-        widest = self._widest.get(batch_bucket(batch), 1)
+        to the widest step measured at this batch size, or before one the widest timed alone (0
+        before either)."""
+        bucket = batch_bucket(batch)
+        widest = self._widest.get(bucket, 1)
+        if widest <= 1 and (timed := self._nearest_timed(bucket)) is not None:
+            widest = timed[0][-1]
         return 0.0 if widest <= 1 else (self.ratio(batch, widest) - 1.0) / (widest - 1)
 
     def estimate_ms(self, batch: int, width: int) -> float | None:
         """What a step of this batch and width is expected to take, for the SLO: a width never
-        measured at least at the prior's slope, a batch size never run at least at the largest
-        smaller one's one-token cost; None before any forward ran at this batch size or below."""
+        measured at least at its timed ratio or the prior's slope, a batch size never run at
+        least at the largest smaller one's one-token cost; None before any forward ran (or graph
+        was timed) at this batch size or below."""
         bucket = batch_bucket(batch)
-        below = [b for b in self._narrowest if b <= bucket]
+        below = [b for b in {*self._narrowest, *self._timed} if b <= bucket]
         if not below:
             return None
         if max(below) < bucket:  # more rows never cost less
             return self.one_token_ms(1 << max(below)) * self.prior_ratio(width)  # type: ignore[operator]
         ratio = self.ratio(batch, width)
         if self.measured(batch, width) is None:
-            ratio = max(ratio, self.prior_ratio(width))
+            ratio = max(ratio, self._ratio_prior(batch, width))
         return self.one_token_ms(batch) * ratio  # type: ignore[operator]
 
     def table(self) -> dict[str, float]:

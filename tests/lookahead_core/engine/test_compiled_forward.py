@@ -225,6 +225,36 @@ def test_narrow_steps_run_in_the_graph_tuned_at_their_width(model):
     assert cf.ready_bucket_for(1, 3, 40) == wide
 
 
+def test_ready_graphs_are_timed_alone_at_each_width_and_price_the_steps_not_yet_run(model):
+    """Right after its warm-up each decode graph is timed alone at every width of TIMED_WIDTHS it
+    runs (a one-token graph at one; a wide one at its own, a one-token step at two), without
+    touching a committed key; per batch, each width is then priced at what it costs in the graph
+    that would run it, and the runner's step costs start from that table."""
+    cache, untouched = _prefilled(model), _prefilled(model)
+    cf = CompiledForward(model, cache, batch_buckets=(1, 4), width_buckets=(1, 8), kv_buckets=(CAP,),
+                         compile=False, lazy=False)
+    runner = _runner(cf)
+    one, wide = Bucket(1, 1, CAP), Bucket(4, 8, CAP)
+    cf.warmup([one, wide])
+    alone = {b: st.alone_ms for b, st in cf._staging.items()}
+    assert list(alone[one]) == [1] and list(alone[wide]) == [2, 3, 4, 6, 8]
+    assert all(ms > 0 for cells in alone.values() for ms in cells.values())
+    _same_writes(untouched, cache, 0, 0)
+    table = cf.alone_costs()
+    assert table[1] == {1: alone[one][1], 2: alone[wide][2], 3: alone[wide][3], 4: alone[wide][4],
+                        6: alone[wide][6], 8: alone[wide][8]}  # steps of 2-8 tokens run in the wide graph
+    assert table[2] == table[4] == {1: alone[wide][2], **{w: alone[wide][w] for w in (2, 3, 4, 6, 8)}}
+    _run(runner.decode, cache, 1, 1, 0)  # the runner reads the ready graphs' timings
+    assert runner.costs.timed_ratio(4, 6) == pytest.approx(max(alone[wide][6] / alone[wide][2], 1.0))
+    assert runner.costs.ratio(3, 6) == runner.costs.timed_ratio(4, 6)  # nothing run at batch 3-4 yet
+    busy = CompiledForward(model, _prefilled(model), batch_buckets=(1,), width_buckets=(1,), kv_buckets=(CAP,),
+                           compile=False, lazy=False)
+    busy.busy = True  # the engine is stepping: a timing would not be alone
+    busy.warmup([one])
+    assert busy._staging[one].alone_ms == {} and busy.alone_costs() == {}
+    assert [b["timed_alone"] for b in cf.status()] == [True, True] and busy.status()[0]["timed_alone"] is False
+
+
 def test_graphs_of_three_or_four_rows_take_the_gemm_template(model):
     """One-token steps of 3 or 4 sequences and a narrow bucket of one take inductor's C++ GEMM
     template only; one or two rows, 8 rows and more, and prompt chunks are autotuned between the
@@ -458,6 +488,10 @@ def test_engine_compile_on_gives_eager_tokens(model):
     calls = {(b["batch"], b["width"], b.get("prefill", False)): b["calls"] for b in engine.compile_status()}
     assert calls[(4, 16, False)] > 1 and calls[(1, 1, False)] > 1, calls
     assert calls[(1, 16, True)] >= 3, calls  # the warm-up, and the prompts of slots 1 and 2
+    status = {(b["batch"], b["width"], b.get("prefill", False)): b for b in engine.compile_status()}
+    one, wide = status[(1, 1, False)], status[(4, 16, False)]
+    assert list(one["alone_ms"]) == [1] and list(one["served_ms"]) == [1] and one["timed_alone"]
+    assert list(wide["alone_ms"]) == [2, 3, 4, 6, 8, 12, 16] and set(wide["served_ms"]) <= set(wide["alone_ms"])
 
 
 @pytest.mark.compile

@@ -123,3 +123,21 @@ def test_the_planner_learns_how_far_wide_steps_fall_short_of_their_estimate():
     assert all(c.kind is StepKind.PLAIN for c in planner.plan(rows, row_price=0.0))
     planner.learn([1] * 16)  # a plain step teaches nothing
     assert planner.bias.factor == pytest.approx(0.5)
+
+
+def test_a_batch_whose_graphs_were_timed_keeps_its_rows_plain_where_width_is_dear():
+    """4 rows each expecting 1.7 tokens from one candidate row, and one-token steps measured only:
+    by the prior slope a two-token step costs 1.05x one, so every row verifies; where the wide
+    graph was timed alone at 1.7x a one-token step (the jump from the one-token graph), the same
+    plan keeps them plain, and a row sure of its copied run still widens the step."""
+    rows = [_draft([0.7], StepPacer(), full_start=9)] * 4
+    untimed = StepCosts()
+    untimed.observe(4, 1, 25.0)
+    assert all(c.kind is StepKind.VERIFY for c in StepPlanner(untimed, max_batch=4).plan(rows, row_price=0.0))
+    timed = StepCosts()
+    timed.calibrate({4: {1: 24.0, 2: 41.0, 4: 55.0, 8: 90.0}})
+    timed.observe(4, 1, 25.0)
+    planner = StepPlanner(timed, max_batch=4)
+    assert all(c.kind is StepKind.PLAIN for c in planner.plan(rows, row_price=0.0))
+    sure = _draft([1.0, 1.0, 1.0], StepPacer(), full_start=9)  # 4 tokens from a step of 4
+    assert planner.plan([sure] + rows[:3], row_price=0.0)[0].kind is StepKind.VERIFY

@@ -179,3 +179,45 @@ def test_a_one_token_step_is_priced_no_dearer_than_a_settled_wider_one():
     assert c.ratio(1, 3) == 1.0 and c.ratio(1, 9) == pytest.approx(38.0 / 22.0)
     c.observe(1, 2, 21.0)  # tried once: not settled, so it does not set the price
     assert c.one_token_ms(1) == 22.0
+
+
+def test_widths_not_run_are_priced_as_their_graphs_were_timed_alone():
+    """A one-token step 20 ms alone and the wide graph 40 ms at width 2 and 60 ms at width 6 (a
+    jump from one token to two that no slope from one token shows): before any forward, and after
+    one-token forwards only, each width is priced at its timed ratio, interpolated between timed
+    widths and extrapolated past the widest."""
+    c = StepCosts(alpha=1.0, prior_slope=0.05)
+    c.calibrate({4: {1: 20.0, 2: 40.0, 6: 60.0}})
+    assert c.ratio(4, 2) == 2.0 and c.ratio(3, 4) == 2.5 and c.ratio(4, 10) == 4.0  # 3-4 share a bucket
+    assert c.ratio(8, 2) == 2.0 and c.ratio(1, 6) == 3.0  # batches not timed: the nearest timed one's ratios
+    assert c.one_token_ms(8) is None  # but not its cost
+    assert c.one_token_ms(4) == 20.0 and c.estimate_ms(4, 6) == 60.0
+    assert c.row_price(4) == pytest.approx((3.0 - 1.0) / 5)  # to the widest timed
+    c.observe(4, 1, 30.0)  # under load: every width is priced at its ratio to what a one-token step costs now
+    assert c.ms(4, 2) == 60.0 and c.ratio(4, 6) == 3.0
+
+
+def test_a_width_run_settles_on_its_own_timings_and_reverts_to_the_timed_price_when_stale():
+    c = StepCosts(alpha=1.0, settle=2, stale=10)
+    c.calibrate({1: {1: 10.0, 4: 30.0}})
+    c.observe(1, 1, 10.0)
+    c.observe(1, 4, 20.0)
+    assert c.ratio(1, 4) == 2.5  # one timing: halfway to the timed price
+    c.observe(1, 4, 20.0)
+    assert c.ratio(1, 4) == 2.0  # settled
+    for _ in range(10):
+        c.observe(1, 1, 10.0)
+    assert c.ratio(1, 4) == 3.0  # stale: the timed price, not the prior slope's 1.15
+
+
+def test_new_timings_restart_their_bucket_only():
+    c = StepCosts(alpha=1.0, settle=1)
+    c.calibrate({1: {1: 10.0, 2: 20.0}, 4: {1: 20.0, 2: 30.0}})
+    for batch in (1, 4):
+        c.observe(batch, 1, 10.0)
+        c.observe(batch, 2, 25.0)
+    c.calibrate({1: {1: 10.0, 2: 20.0}, 4: {1: 20.0, 2: 60.0}})
+    assert c.ratio(1, 2) == 2.5 and c.ratio(4, 2) == 3.0  # batch 1 keeps its own; batch 4 restarts at its new price
+    assert c.samples(1, 2) == 1 and c.samples(4, 2) == 0
+    c.calibrate({})  # the graphs dropped: the prior again
+    assert c.samples(1, 2) == 0 and c.ratio(4, 2) == c.prior_ratio(2)

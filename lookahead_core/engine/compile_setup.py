@@ -169,7 +169,10 @@ def inductor_options(cuda: bool, gemm_autotune: bool = True, template_only: bool
 class CompileThrottle:
     """`sys.settrace` hook for a background compile thread: while `owner.busy` (the engine has
     requests) the thread runs `share` of the time, in turns of `slice_s`, and sleeps at a Python
-    call in between; 0 makes it wait until the engine is idle.
+    call in between; 0 makes it wait until the engine is idle. The hook costs a Python call per
+    call of the compile whether the engine is busy or not (a graph loaded from the on-disk cache
+    took 1.7-1.9x as long with it, the engine idle), so the thread `attach`es it at each graph it
+    starts, only while the engine has requests then.
 
     Compiling is Python and holds the GIL; each op of an eager step beside it waits up to the
     switch interval for it (a forward beside a busy Python thread runs many times slower, whatever
@@ -184,6 +187,10 @@ class CompileThrottle:
         self.rest_s = slice_s * (1 - share) / share if share > 0 else float("inf")
         self.turn_start = 0.0
         self.stuck = -1
+
+    def attach(self) -> None:
+        """Trace the calling thread with this throttle while the engine has requests, else not."""
+        sys.settrace(self if self.owner.busy else None)
 
     def __call__(self, frame, event, arg) -> None:
         owner = self.owner
@@ -214,13 +221,12 @@ def recompile_limit(graphs: int) -> dict:
     return {}
 
 
-def start_throttled(name: str, work: Callable[[], None], throttle: CompileThrottle) -> threading.Thread:
-    """Run `work` on a daemon thread at the lowest priority, paced by `throttle`."""
+def start_low_priority(name: str, work: Callable[[], None]) -> threading.Thread:
+    """Run `work` on a daemon thread at the lowest priority (it paces itself: `CompileThrottle`)."""
 
     def run() -> None:
         with contextlib.suppress(OSError, AttributeError):  # the compiler's subprocesses too
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        sys.settrace(throttle)  # this thread only
         work()
 
     thread = threading.Thread(target=run, name=name, daemon=True)

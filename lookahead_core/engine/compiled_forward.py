@@ -40,7 +40,7 @@ from lookahead_core.engine.compile_setup import (
     quiet_autotune,
     recompile_limit,
     release_freed_memory,
-    start_throttled,
+    start_low_priority,
     weights_tag,
 )
 
@@ -61,6 +61,16 @@ def _decode_step(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, m
                  cols: torch.Tensor, cache: BucketCache):
     cache.bind(cols, mask.shape[-1])
     logits = model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache, use_cache=True).logits
+    return logits, logits.argmax(dim=-1)
+
+
+def _prefill_step(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+                  cols: torch.Tensor, cache: BucketCache):
+    """A prompt chunk: the last row's logits only (the LM head is a fifth of a row's FLOPs, and
+    no other row's logits are read when a prompt is prefilled without its logprobs)."""
+    cache.bind(cols, mask.shape[-1])
+    logits = model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache, use_cache=True,
+                   logits_to_keep=1).logits
     return logits, logits.argmax(dim=-1)
 
 
@@ -127,9 +137,9 @@ class CompiledForward:
         # wide graph of dynamic width took the steps a narrow one was compiled for.
         graphs = len(self.batch_buckets) * len(self.width_buckets) * len(self.kv_buckets) + 1  # and a prefill graph
         limit = recompile_limit(graphs)  # per function where torch isolates them, else for all
-        self._new_graph: Callable[[], Callable] = (
-            (lambda: torch.compile(_decode_step, fullgraph=True, dynamic=False, options=options, **limit))
-            if compile else (lambda: _decode_step))
+        self._new_graph: Callable[[Callable], Callable] = (
+            (lambda step: torch.compile(step, fullgraph=True, dynamic=False, options=options, **limit))
+            if compile else (lambda step: step))
         install_sdpa_gqa()
         quiet_autotune()
         if compile and self.freezing:
@@ -198,7 +208,7 @@ class CompiledForward:
                 raise ValueError(f"{bucket}: a prefill graph needs dynamic shapes (CPU)")
             else:
                 st = Staging(bucket, pairs, self.scratch, self.dtype, self.device, self.static_inputs)
-            st.graph = self._new_graph()
+            st.graph = self._new_graph(_prefill_step if bucket.prefill else _decode_step)
             self._staging[bucket] = st
         return st
 
@@ -293,21 +303,26 @@ class CompiledForward:
     def compile_in_background(self, buckets: Iterable[Bucket | tuple[int, int, int]]) -> threading.Thread:
         """Compile these buckets one by one on a daemon thread while steps run eagerly; each bucket
         runs compiled from the step after it is ready. Each bucket's first call (the compile) writes
-        only scratch columns, so it may overlap the engine's steps. While `busy` is set (the engine
-        sets it while it has requests) the compile takes `load_share` of the time (0: it waits)."""
+        only scratch columns, so it may overlap the engine's steps. A bucket started while `busy`
+        is set (the engine sets it while it has requests) takes `load_share` of the time while the
+        engine has requests (0: it waits); one started while the engine is idle runs unpaced to its
+        end (`CompileThrottle.attach`)."""
         todo = [b if isinstance(b, Bucket) else Bucket(*b) for b in buckets]
         for b in todo:  # staging and the KV tensors are created here, not raced by the thread
             self._stage_for(b)
 
+        throttle = CompileThrottle(self, self.load_share)
+
         def work() -> None:
             for b in todo:
+                throttle.attach()
                 try:
                     self.warmup([b])
                 except Exception as exc:  # a bucket that cannot compile keeps running eagerly
                     self.failed[b] = f"{type(exc).__name__}: {exc}"
                     log.exception("compiling %s failed; its steps run without it", b)
 
-        self._compiler = start_throttled("compile-decode-buckets", work, CompileThrottle(self, self.load_share))
+        self._compiler = start_low_priority("compile-decode-buckets", work)
         return self._compiler
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -341,7 +356,8 @@ class CompiledForward:
 
     def can_prefill(self, width: int, kv_len: int, cache) -> Bucket | None:
         """The ready prefill bucket whose graph runs a prompt chunk `width` tokens long of the one
-        slot the cache is prepared for, attending to `kv_len` keys, or None."""
+        slot the cache is prepared for, attending to `kv_len` keys, or None. Its graph returns the
+        chunk's last row only."""
         if cache is not self.cache or cache.write_start is None or not 2 <= width <= kv_len <= self.scratch:
             return None
         held = [b for b in list(self.ready) if b.prefill and b.width >= width and b.kv >= kv_len]

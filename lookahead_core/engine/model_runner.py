@@ -93,14 +93,16 @@ class ModelRunner:
                 all_logits: bool = False) -> torch.Tensor:
         """Write the keys of `input_ids` [B, T] at positions start.. into the cache; logits [B, T', V]
         whose last row follows the last token (every row with `all_logits`, for prompt logprobs).
-        Without `mask` the model applies its causal mask. A chunk a ready graph holds runs in it,
-        every row's logits computed: for the cache's first slot (a request that arrives alone) a
-        batch-1 decode graph, for any slot the prefill graph."""
+        Without `mask` the model applies its causal mask. A chunk a ready graph holds runs in it:
+        the prefill graph (any slot; it computes the last row's logits only), else, for the cache's
+        first slot (a request that arrives alone), a batch-1 decode graph (every row's, which
+        `all_logits` needs)."""
         positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
         graphs = self.graphs
         if graphs is not None and mask is not None and input_ids.shape[0] == 1:
             width, kv_len = input_ids.shape[1], mask.shape[-1]
-            bucket = graphs.can_run(1, width, kv_len, cache) or graphs.can_prefill(width, kv_len, cache)
+            bucket = (graphs.can_run(1, width, kv_len, cache) if all_logits
+                      else graphs.can_prefill(width, kv_len, cache) or graphs.can_run(1, width, kv_len, cache))
             out = None if bucket is None else graphs.replay(bucket, input_ids, positions, mask, cache)
             if out is not None:
                 return out[1]

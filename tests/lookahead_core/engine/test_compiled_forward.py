@@ -319,8 +319,9 @@ def test_a_prompt_chunk_in_the_first_slot_prefills_in_a_graph(model):
 @pytest.mark.compile
 def test_a_prompt_chunk_of_any_slot_prefills_in_the_prefill_graph(model):
     """The prefill graph runs a chunk of whichever slot the cache is prepared for, reading that
-    slot's keys: the eager prefill's logits, and the same KV writes, nothing else touched; it
-    never takes a decode step."""
+    slot's keys: the eager prefill's last-row logits (the only row it computes), and the same KV
+    writes, nothing else touched; it never takes a decode step, nor a chunk whose every row's
+    logits are asked for (prompt logprobs)."""
     eager_cache, cache = _prefilled(model), _prefilled(model)
     cf = CompiledForward(model, cache, batch_buckets=(1,), width_buckets=(1,), kv_buckets=(CAP,), lazy=False)
     prefill = Bucket(1, 8, CAP, prefill=True)
@@ -337,11 +338,16 @@ def test_a_prompt_chunk_of_any_slot_prefills_in_the_prefill_graph(model):
             for c in (eager_cache, cache):
                 c.prepare_slot(slot, start, width)
             ref = eager.prefill(ids, start, eager_cache, mask, all_logits=True)
-            logits = runner.prefill(ids, start, cache, mask, all_logits=True)
-        torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+            logits = runner.prefill(ids, start, cache, mask)
+        assert logits.shape == (1, 1, 256)
+        torch.testing.assert_close(logits[0, -1], ref[0, -1], rtol=1e-4, atol=1e-4)
         _same_writes(eager_cache, cache, 0, 0)
     assert cf._staging[prefill].calls == 5 and frames["ok"] == before  # and the warm-up; no recompile
     assert cf.ready_bucket_for(1, 2, 40) is None  # decode steps never run in it
+    cache.prepare_slot(1, PREFILLED[1], 2)
+    with torch.inference_mode():
+        every = runner.prefill(ids[:, :2], PREFILLED[1], cache, torch.zeros((1, 1, 2, PREFILLED[1] + 2)), all_logits=True)
+    assert every.shape == (1, 2, 256) and cf._staging[prefill].calls == 5  # eagerly
 
 
 def test_a_graph_that_raises_is_dropped_and_its_step_reruns_eagerly(model):
@@ -584,6 +590,25 @@ def _progress_while_busy(share: float, seconds: float = 1.2) -> tuple[int, int]:
     done.set()
     t.join(5)
     return busy_calls, counts[1]
+
+
+def test_the_throttle_traces_a_compile_only_where_the_engine_had_requests_when_it_started():
+    """Tracing costs a compile a Python call per call, busy or not: a graph started while the
+    engine is idle runs untraced, one started while it has requests is paced."""
+    owner, seen = SimpleNamespace(busy=False, beat=0), []
+    throttle = CompileThrottle(owner, 0.25)
+
+    def work():
+        for busy in (False, True, False):
+            owner.busy = busy
+            throttle.attach()
+            seen.append(sys.gettrace())
+        sys.settrace(None)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join(5)
+    assert seen == [None, throttle, None] and sys.gettrace() is not throttle
 
 
 def test_background_compile_takes_its_share_while_the_engine_steps():

@@ -190,6 +190,10 @@ class CompiledForward:
         """Its graph takes any width in [2, bucket.width]."""
         return self.dynamic and bucket.dynamic_width
 
+    def graph_widths(self, bucket: Bucket) -> list[int]:
+        """The widths a bucket's graph runs steps at (those it is timed at alone)."""
+        return self._stage_for(bucket).timed_widths()
+
     def run_width(self, bucket: Bucket, width: int) -> int:
         """The width a step `width` wide runs at in `bucket`."""
         return bucket.step_width(width) if self.dynamic else bucket.width

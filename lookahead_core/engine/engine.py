@@ -116,20 +116,19 @@ class Engine:
 
     def compile_status(self) -> list[dict]:
         """The compiled decode buckets (`CompiledForward.status`), each with what steps of its batch
-        cost served, per width its graph was timed at and runs, beside what they cost alone (for
-        /health)."""
+        cost served, per width its graph runs them at, beside what they cost alone where it was
+        timed (for /health)."""
         costs, cf = self.runner.costs, self.compiled
         if cf is None:
             return []
 
-        def runs(b: dict, width: int) -> bool:
+        def served(b: dict) -> dict[int, float]:
             own = Bucket(b["batch"], b["width"], b["kv"])
-            return cf.ready_bucket_for(own.batch, width, min(own.kv, cf.scratch)) == own
+            return {w: round(ms, 3) for w in cf.graph_widths(own)
+                    if cf.ready_bucket_for(own.batch, w, min(own.kv, cf.scratch)) == own
+                    and (ms := costs.measured(own.batch, w)) is not None}
 
-        return [{**b, "served_ms": {} if b.get("prefill") else
-                 {w: round(ms, 3) for w in b["alone_ms"]
-                  if runs(b, w) and (ms := costs.measured(b["batch"], w)) is not None}}
-                for b in cf.status()]
+        return [{**b, "served_ms": {} if b.get("prefill") else served(b)} for b in cf.status()]
 
     # ---- requests -------------------------------------------------------------------------
 

@@ -78,6 +78,7 @@ def test_decode_compiles_in_the_background_then_serves_the_same_tokens(server, l
     assert prefill_after["calls"] == prefill["calls"] + 1  # the prompt, one chunk
     # what its steps cost served beside what the graph cost alone (nothing where the engine was stepping then)
     assert decode_after["served_ms"]["1"] > 0 and all(ms > 0 for ms in decode_after["alone_ms"].values())
+    assert bool(decode_after["alone_ms"]) == decode_after["timed_alone"]
     assert set(decode_after["alone_ms"]) <= {"1"}  # a one-token graph runs one width
 
 

@@ -59,7 +59,8 @@ def summarize(outcomes: list[Outcome], start: float) -> dict:
     return out
 
 
-def wait_for(check: Callable[[], bool], timeout_s: float, what: str, proc: subprocess.Popen | None = None) -> None:
+def wait_for(check: Callable[[], bool], timeout_s: float, what: str, proc: subprocess.Popen | None = None,
+             interval_s: float = 2.0) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -69,7 +70,7 @@ def wait_for(check: Callable[[], bool], timeout_s: float, what: str, proc: subpr
                 return
         except requests.RequestException:
             pass
-        time.sleep(2)
+        time.sleep(interval_s)
     raise TimeoutError(f"{what}: not ready after {timeout_s:.0f} s")
 
 
@@ -131,12 +132,13 @@ def in_process(app_args: dict, prompts: list[str], max_tokens: int) -> dict:
     from lookahead_core.models.loading import load_model
 
     args = AppArgs.model_validate(app_args)
-    plan = args.core_plan().apply()
+    core_plan = args.core_plan()
+    plan = core_plan.apply()
     m = args.model
     model, tokenizer = load_model(resolve_path(m.path), gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
                                   cache_dir=m.resolved_cache_dir(), chat_template=m.chat_template)
     cfg = args.engine.model_copy(update={"compile": "on" if args.engine.compile != "off" else "off"})
-    engine = Engine(ModelRunner(model), cfg)
+    engine = Engine(ModelRunner(model, threads=core_plan.step_threads()), cfg)
     eos = model.generation_config.eos_token_id
     tokens, start = 0, time.perf_counter()
     for i, prompt in enumerate(prompts):
@@ -151,14 +153,28 @@ def in_process(app_args: dict, prompts: list[str], max_tokens: int) -> dict:
             "step_costs_ms": engine.runner.costs.table(), "buckets": engine.compile_status()}
 
 
-def ours_ready(url: str) -> bool:
-    """Healthy, and every compiled bucket ready and timed alone (or failed): steps run, and are
-    priced, as they will be in service (a request sent while a graph is timed skips its timing)."""
-    health = requests.get(url + "/health", timeout=10)
-    if health.status_code != 200:
-        return False
-    buckets = health.json().get("compiled_decode", {}).get("buckets") or []
-    return all((b["ready"] and b["timed_alone"] is not None) or "error" in b for b in buckets)
+def ours_ready(url: str, timeout_s: float, proc: subprocess.Popen | None, started: float) -> dict:
+    """Wait until our server is healthy, and every compiled bucket ready and timed alone (or
+    failed): steps run, and are priced, as they will be in service (a request sent while a graph
+    is timed skips its timing). Returns when each happened, in seconds: healthy after the start,
+    every graph ready (loaded or compiled) and timed after healthy."""
+    seen: dict = {}
+
+    def check() -> bool:
+        health = requests.get(url + "/health", timeout=10)
+        if health.status_code != 200:
+            return False
+        now = time.time()
+        seen.setdefault("healthy", now)
+        buckets = health.json().get("compiled_decode", {}).get("buckets") or []
+        if all(b["ready"] or "error" in b for b in buckets):
+            seen.setdefault("ready", now)
+        return all((b["ready"] and b["timed_alone"] is not None) or "error" in b for b in buckets)
+
+    wait_for(check, timeout_s, "our server", proc, interval_s=0.5)
+    done = time.time()
+    return {"healthy_s": round(seen["healthy"] - started, 1), "ready_after_healthy_s": round(seen["ready"] - seen["healthy"], 1),
+            "timed_after_healthy_s": round(done - seen["healthy"], 1)}
 
 
 def run_levels(url: str, name: str, prompts: list[str], users: list[int], max_tokens: int, model: str,
@@ -259,12 +275,18 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{rows[-1]['tokens_per_s']} tok/s; step_costs_ms={json.dumps(rows[-1]['step_costs_ms'])}", flush=True)
         elif server == "ours":
             url = args.ours_url or f"http://127.0.0.1:{args.port}"
+            started = time.time()
             if args.ours_url is None:
                 serve = str(Path(sys.executable).parent / "serve")
                 proc = Server([serve, "run", str(config_path)], RAY_ENV, logs / "ours.log")
             try:
-                wait_for(lambda url=url: ours_ready(url), args.ready_timeout, "our server", proc and proc.proc)
+                startup = ours_ready(url, args.ready_timeout, proc and proc.proc, started)
                 health = requests.get(url + "/health", timeout=30).json()
+                health["startup"] = startup
+                graphs = health.get("compiled_decode", {}).get("buckets") or []
+                print(f"ours: healthy {startup['healthy_s']} s after the start; every graph ready "
+                      f"{startup['ready_after_healthy_s']} s after healthy, and timed alone {startup['timed_after_healthy_s']} s "
+                      f"after ({sum(bool(b['cached']) for b in graphs)} of {len(graphs)} loaded from disk)", flush=True)
                 name = health["model"]
                 print(f"ours: model={health['model']} dtype={health['dtype']} cpu_capability={health['cpu_capability']} "
                       f"torch_threads={health['torch_threads']} history={args.history} "

@@ -113,6 +113,9 @@ class AppArgs(BaseModel):
     num_cpus: float = Field(1, ge=0, description="CPUs per model replica")
     torch_threads: int | None = Field(
         None, ge=1, description="torch threads per replica; default: the core plan's (deployments/core_plan.py)")
+    large_batch_threads: int | None = Field(
+        None, ge=1, description="torch threads of a step of 8 sequences or more (its graphs compiled for them); "
+                                "default: the core plan's (every core where the replica has them all)")
     nice: int | None = Field(0, ge=-20, le=19, description="the engine's scheduling priority (Ray starts actors at 15); "
                                                            "null keeps Ray's")
     engine_process: bool = Field(
@@ -124,4 +127,5 @@ class AppArgs(BaseModel):
                            "its prompt. /health and the metrics count them either way")
 
     def core_plan(self, cores: int | None = None) -> CorePlan:
-        return CorePlan.build(self.num_cpus, self.torch_threads, self.nice, cores, own_process=self.engine_process)
+        return CorePlan.build(self.num_cpus, self.torch_threads, self.nice, cores, own_process=self.engine_process,
+                              large_batch_threads=self.large_batch_threads)

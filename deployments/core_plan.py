@@ -8,6 +8,9 @@ on the same machine) stalls the whole step. The rules, measured in docs/BENCHMAR
   `cores - 1` threads (at least one). A replica given fewer cores than the machine has (a cluster
   node, `num_cpus` below the core count) runs one thread per core it asked for. This holds with the
   engine in a process of its own too: there, a thread on every core starved the HTTP stack.
+* Except a step of LARGE_BATCH sequences or more, where the replica has every core: it runs on all
+  of them (`large_batch_threads`). Such a step is long, and the HTTP stack catches up between
+  steps (more tokens a second, a higher TTFT: docs/BENCHMARKS.md, "Graphs as packages").
 * Ray starts actors at nice 15 and its own raylet and GCS at nice 0, so every Ray heartbeat would
   preempt a step. The engine's threads move to `nice` (0 by default), where the process may raise
   its priority (root or CAP_SYS_NICE); the proxy, the ingress and (with the engine in a process of
@@ -15,6 +18,8 @@ on the same machine) stalls the whole step. The rules, measured in docs/BENCHMAR
 
 The plan is applied where the engine steps (`apply`: in the engine's process, or the replica's).
 `torch_threads` in the app args overrides the thread rule; `nice: null` leaves Ray's priority.
+`large_batch_threads` in the app args sets the threads of a step of LARGE_BATCH sequences or more
+(its compiled graphs are compiled for them; `StepThreads`).
 """
 from __future__ import annotations
 
@@ -25,6 +30,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from lookahead_core.engine.step_threads import StepThreads
+
+LARGE_BATCH = 8
 log = logging.getLogger("ray.serve")
 
 
@@ -44,19 +52,30 @@ class CorePlan:
     nice: int | None           # priority asked for the engine's threads (None: Ray's)
     reason: str
     own_process: bool = True   # the engine steps in a process of its own (which `apply` runs in)
+    large_batch_threads: int | None = None  # torch threads of a step of LARGE_BATCH sequences or more
 
     @classmethod
     def build(cls, num_cpus: float, torch_threads: int | None = None, nice: int | None = 0,
-              cores: int | None = None, own_process: bool = True) -> CorePlan:
+              cores: int | None = None, own_process: bool = True, large_batch_threads: int | None = None) -> CorePlan:
         cores = cores or visible_cores()
         asked = max(1, int(num_cpus))
         if torch_threads is not None:
             threads, reason = torch_threads, "torch_threads set in the app args"
         elif asked >= cores > 1:
             threads, reason = cores - 1, f"the replica has all {cores} cores: one is left to the HTTP stack"
+            if large_batch_threads is None:
+                large_batch_threads = cores
+                reason += f", but a step of {LARGE_BATCH} sequences or more runs on all {cores}"
         else:
             threads, reason = min(asked, cores), f"one thread per core asked for (num_cpus {num_cpus:g})"
-        return cls(cores, num_cpus, threads, nice, reason, own_process)
+        return cls(cores, num_cpus, threads, nice, reason, own_process, large_batch_threads)
+
+    def step_threads(self) -> StepThreads:
+        """The engine's threads per forward: `torch_threads`, or `large_batch_threads` from
+        LARGE_BATCH sequences up."""
+        if self.large_batch_threads is None or self.large_batch_threads == self.torch_threads:
+            return StepThreads(self.torch_threads)
+        return StepThreads(self.torch_threads, LARGE_BATCH, self.large_batch_threads)
 
     def apply(self) -> dict:
         """Set torch's threads and this process's priority (the engine's process); returns what took

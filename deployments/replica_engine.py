@@ -23,7 +23,8 @@ def build_engine(args: AppArgs, warm_prompt: list[int]) -> tuple[Engine, dict[st
     """Apply the core plan to this process, load the model, build the engine and warm it up (a
     fresh process's first forwards are many times slower than the next: they are paid here, before
     Serve sends the replica a request). Returns the engine and what the replica reports of it."""
-    core_plan = args.core_plan().apply()
+    plan = args.core_plan()
+    core_plan = plan.apply()
     m = args.model
     model, _ = load_model(resolve_path(m.path), gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
                           attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
@@ -32,7 +33,8 @@ def build_engine(args: AppArgs, warm_prompt: list[int]) -> tuple[Engine, dict[st
     log.warning("serving %s: dtype %s (asked: %s%s), device %s, %d torch threads", m.served_name, dtype,
                 m.dtype, dtype_reason(m.dtype, m.device), m.device, torch.get_num_threads())
     cfg = args.engine
-    engine = Engine(ModelRunner(model, max_layouts=cfg.layout_cache), cfg, free_bytes=free_memory(model.device))
+    engine = Engine(ModelRunner(model, max_layouts=cfg.layout_cache, threads=plan.step_threads()), cfg,
+                    free_bytes=free_memory(model.device))
     log.warning("%s; max_seq_len %d", engine.kv_plan.describe(), engine.max_seq_len)
     start = time.time()
     warm_up(engine, warm_prompt)

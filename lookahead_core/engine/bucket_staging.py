@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -96,6 +96,11 @@ class GraphRecord:
     def pad_view(self, width: int) -> None:
         """All-padding inputs for a step `width` wide (a step then writes only scratch columns)."""
         self.clear()
+
+    def export_dims(self) -> dict[str, dict[int, tuple[str, int, int]]]:
+        """{input: {dimension: (size, least, most)}}: the sizes its graph takes any of (none:
+        static), one name per size that several inputs share."""
+        return {}
 
     def clear(self) -> None:
         raise NotImplementedError
@@ -206,6 +211,13 @@ class DynamicStaging(GraphRecord):
         self._views = self._view(width, self._warm[2].shape[-1])
         self._pad(*self._views)
 
+    def export_dims(self) -> dict[str, dict[int, tuple[str, int, int]]]:
+        kv = ("keys", 2, self.max_kv)
+        if not self.bucket.dynamic_width:
+            return {"mask": {3: kv}}
+        t = ("width", 2, self.bucket.width)
+        return {"ids": {1: t}, "pos": {1: t}, "cols": {1: t}, "mask": {2: t, 3: kv}}
+
     def _mark(self, views: Views) -> Views:
         """Mark the views the graph is compiled with dynamic: its guards then admit any view whose
         sizes lie in these ranges, so later steps' views go unmarked (~50 us a tensor)."""
@@ -314,6 +326,10 @@ class BucketCache(Cache):
 
     def bind(self, cols: torch.Tensor, kv) -> None:
         self.cols, self.kv = cols, kv
+
+    def slot_tensors(self) -> list[torch.Tensor]:
+        """Each layer's keys then values: the engine's slot tensors this cache writes."""
+        return [t for layer in cast("list[BucketLayer]", self.layers) for t in (layer.keys, layer.values)]
 
 
 def slot_tensors(cache, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,6 +1,6 @@
 """Process-wide settings and helpers around inductor compiles of the decode step: its options,
-SDPA's grouped-query path in traces, quiet autotuning, recompile limits, the on-disk cache of
-frozen graphs, and the throttle that keeps a background compile from starving the engine thread."""
+SDPA's grouped-query path in traces, quiet autotuning, recompile limits, the weights' tag that
+keys compiled graphs on disk, and the throttle that keeps a background compile from starving the engine thread."""
 from __future__ import annotations
 
 import contextlib
@@ -15,8 +15,7 @@ from collections.abc import Callable
 
 import torch
 from torch._dynamo.utils import counters
-from torch._inductor import codecache, select_algorithm
-from torch._inductor.freezing_utils import is_frozen_param
+from torch._inductor import select_algorithm
 from transformers.integrations import sdpa_attention
 from transformers.modeling_utils import AttentionInterface
 
@@ -83,35 +82,6 @@ def quiet_autotune() -> None:
     """Inductor prints every GEMM's autotuning table to stderr (about a hundred lines a bucket);
     the compile logs one line per bucket instead. Process-wide, as inductor's switch is."""
     select_algorithm.PRINT_AUTOTUNE = False
-
-
-def cache_frozen_packed_weights() -> None:
-    """Let inductor's FX graph cache keep frozen CPU graphs on disk, so a later start loads them.
-
-    The cache keeps frozen parameters out of its entries: a loaded graph finds them by name in the
-    module being compiled, which is frozen and packed again. Freezing packs each linear's weight
-    into an mkldnn tensor, and the cache refuses any graph holding one ("mkldnn tensors
-    unpickleable") though, frozen, it is looked up by name like the rest; such weights are keyed
-    by dtype and shape here. The C++ GEMM template's own packed copies of the weights are stored
-    *by value* in an entry, so each entry is keyed by the weights as well (`weights_tag`).
-    Process-wide, as the cache is; idempotent."""
-    validator, pickler = codecache.CacheabilityValidator, codecache.FxGraphCachePickler
-    if getattr(validator.check_tensor, "_lookahead", False):
-        return
-    check, reduce_tensor = validator.check_tensor, pickler._reduce_tensor
-
-    def check_tensor(t: torch.Tensor) -> None:
-        if not (t.is_mkldnn and is_frozen_param(t)):
-            check(t)
-
-    def reduce_frozen(self, t: torch.Tensor):
-        if t.is_mkldnn and is_frozen_param(t):
-            return codecache._ident, (("frozen mkldnn", str(t.dtype), tuple(t.shape)),)
-        return reduce_tensor(self, t)
-
-    check_tensor._lookahead = True  # type: ignore[attr-defined]
-    validator.check_tensor = staticmethod(check_tensor)  # type: ignore[method-assign]
-    pickler._reduce_tensor = reduce_frozen  # type: ignore[method-assign]
 
 
 def weights_tag(model: torch.nn.Module) -> str:

@@ -12,9 +12,9 @@ them runs steps of 2 to 4 tokens with GEMM kernels picked for that width, `Bucke
 of 3 or 4 rows take inductor's GEMM template, `Bucket.template_gemms`).
 
 On CPU, freezing turns every *static* graph input into a constant, so nothing is marked static
-there and each frozen graph holds its own packed copy of the weights. Compiled graphs are kept in
-inductor's on-disk cache, keyed by the model's weights: a later start on the machine loads them
-(`cache_frozen_packed_weights`). On CUDA,
+there and each frozen graph holds its own packed copy of the weights. There a bucket's graph is
+compiled ahead of time into a package kept on disk (exported_step.py): a later start on the
+machine loads it instead of tracing and freezing the model again. On CUDA, `torch.compile` with
 `mode="reduce-overhead"` records CUDA graphs over staging buffers and KV tensors marked static.
 """
 from __future__ import annotations
@@ -33,7 +33,6 @@ from torch._inductor import list_mode_options
 from lookahead_core.engine.bucket_staging import TIMED_WIDTHS, Bucket, BucketCache, DynamicStaging, Staging, slot_tensors
 from lookahead_core.engine.compile_setup import (
     CompileThrottle,
-    cache_frozen_packed_weights,
     compiling,
     inductor_options,
     install_sdpa_gqa,
@@ -43,6 +42,8 @@ from lookahead_core.engine.compile_setup import (
     start_low_priority,
     weights_tag,
 )
+from lookahead_core.engine.exported_step import ExportedStep, package_key, package_store
+from lookahead_core.engine.step_threads import StepThreads
 
 log = logging.getLogger(__name__)
 _compile_lock = threading.Lock()
@@ -89,8 +90,9 @@ class CompiledForward:
 
     The cache's decode rows are slots [0, B). The logits returned are a view of the graph's
     output, valid until the next call. Each bucket has a compiled function of its own, holding
-    its graph only, and dynamo's guards on the model are skipped (they re-read every module
-    attribute on each call; the model never changes after load).
+    its graph only: on CPU with freezing its package (`ExportedStep`), else `torch.compile`'s,
+    with dynamo's guards on the model skipped (they re-read every module attribute on each call;
+    the model never changes after load).
     """
 
     def __init__(
@@ -109,8 +111,10 @@ class CompiledForward:
         mode: str | None = None,
         load_share: float = 0.25,
         dynamic: bool | None = None,
+        threads: StepThreads | None = None,
     ) -> None:
         self.model, self.cache = model, cache
+        self.threads = threads  # a graph is compiled for, and timed on, the threads its batch runs on
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.capacity = cache.capacity
@@ -137,14 +141,13 @@ class CompiledForward:
         # wide graph of dynamic width took the steps a narrow one was compiled for.
         graphs = len(self.batch_buckets) * len(self.width_buckets) * len(self.kv_buckets) + 1  # and a prefill graph
         limit = recompile_limit(graphs)  # per function where torch isolates them, else for all
-        self._new_graph: Callable[[Callable], Callable] = (
-            (lambda step: torch.compile(step, fullgraph=True, dynamic=False, options=options, **limit))
-            if compile else (lambda step: step))
+        self._jit: Callable[[Callable], Callable] = (
+            lambda step: torch.compile(step, fullgraph=True, dynamic=False, options=options, **limit))
+        self.compile = compile
+        self.packaged = compile and self.freezing  # graphs compiled ahead of time, kept as packages
         install_sdpa_gqa()
         quiet_autotune()
-        if compile and self.freezing:
-            cache_frozen_packed_weights()
-        self.cache_tag = weights_tag(model) if compile and self.freezing else ""
+        self.cache_tag = weights_tag(model) if self.packaged else ""
         self._compiler: threading.Thread | None = None
         self.lazy = lazy  # compile a bucket on its first step; else only warmed-up buckets run compiled
         self.ready: set[Bucket] = set()
@@ -212,11 +215,27 @@ class CompiledForward:
                 raise ValueError(f"{bucket}: a prefill graph needs dynamic shapes (CPU)")
             else:
                 st = Staging(bucket, pairs, self.scratch, self.dtype, self.device, self.static_inputs)
-            st.graph = self._new_graph(_prefill_step if bucket.prefill else _decode_step)
+            st.graph = self._graph_for(_prefill_step if bucket.prefill else _decode_step, st)
             self._staging[bucket] = st
         return st
 
+    def _graph_for(self, step: Callable, st: Staging | DynamicStaging) -> Callable:
+        """The bucket's own function: its package (CPU, freezing), else `torch.compile`'s."""
+        if not self.compile:
+            return step
+        if not self.packaged:
+            return self._jit(step)
+        options, dims = self.options_for(st.bucket), st.export_dims()
+        kv = st.cache.slot_tensors()
+        key = package_key(weights=self.cache_tag, model=self.model, bucket=st.bucket, step=step, options=options,
+                          dims=dims, kv_shape=(*kv[0].shape, str(kv[0].dtype)), layers=len(kv) // 2,
+                          threads=self._threads_for(st.bucket))
+        return ExportedStep(step, st.bucket, options, dims, key, package_store())
+
     # ---- running ----------------------------------------------------------------------------
+
+    def _threads_for(self, bucket: Bucket) -> int:
+        return self.threads.for_batch(bucket.batch) if self.threads is not None else torch.get_num_threads()
 
     def options_for(self, bucket: Bucket) -> dict:
         """The inductor settings a bucket's graph is compiled with."""
@@ -228,22 +247,26 @@ class CompiledForward:
         # Inductor reads its flags when it compiles, i.e. on a bucket's first call; freezing as a
         # `torch.compile` option is not applied. The flags are global: only the thread that
         # compiles (one at a time, `_compile_lock`) sets them, and eager forwards never read them.
-        setup = compiling(self.options_for(st.bucket), self.cache_tag) if first else contextlib.nullcontext()
+        setup = (compiling(self.options_for(st.bucket), self.cache_tag) if first and not self.packaged
+                 else contextlib.nullcontext())
+        if first and self.threads is not None:  # inductor's C++ kernels take the compiling thread's count
+            self.threads.use(st.bucket.batch)
         with _compile_lock if first else contextlib.nullcontext(), setup as loaded, torch.inference_mode():
             if self.cudagraphs:
                 torch.compiler.cudagraph_mark_step_begin()
             logits, pred = st.graph(self.model, *st.inputs())
         if first:
             st.compile_s = time.perf_counter() - t0
-            st.cached = bool(loaded and loaded[0])
+            st.cached = st.graph.cached if isinstance(st.graph, ExportedStep) else bool(loaded and loaded[0])
             self.ready.add(st.bucket)
             self.ready_changes += 1
         st.calls += 1
         return logits, pred
 
-    def warmup(self, buckets: Iterable[Bucket | tuple[int, int, int]]) -> dict[Bucket, float]:
+    def warmup(self, buckets: Iterable[Bucket | tuple[int, int, int]], timed: bool = True) -> dict[Bucket, float]:
         """Compile these buckets now with an all-padding step (it writes only scratch columns), one
-        log line each. Returns the seconds each first call took (compile or cache load included)."""
+        log line each, and (`timed`) time each alone. Returns the seconds each first call took
+        (compile or load included)."""
         out = {}
         for b in buckets:
             bucket = b if isinstance(b, Bucket) else Bucket(*b)
@@ -256,10 +279,18 @@ class CompiledForward:
                 log.warning("%s %s in %.1f s", "loaded" if st.cached else "compiled", bucket,
                             st.compile_s)
                 release_freed_memory()
-                st.alone_ms = self._time_alone(st)
-                st.timed_alone = bool(st.alone_ms)
-                self.ready_changes += 1  # the runner's prices read the new timings
+            if timed and st.timed_alone is None:
+                self.time_alone(bucket)
         return out
+
+    def time_alone(self, bucket: Bucket) -> None:
+        """Time a ready bucket's graph alone (`_time_alone`), for the planner's prices and /health."""
+        st = self._stage_for(bucket)
+        if self.threads is not None:
+            self.threads.use(bucket.batch)
+        st.alone_ms = self._time_alone(st)
+        st.timed_alone = bool(st.alone_ms)
+        self.ready_changes += 1  # the runner's prices read the new timings
 
     def _time_alone(self, st: Staging | DynamicStaging, calls: int = 3) -> dict[int, float]:
         """Per width the graph runs at (`timed_widths`), the fastest of a few all-padding calls
@@ -305,8 +336,9 @@ class CompiledForward:
         return table
 
     def compile_in_background(self, buckets: Iterable[Bucket | tuple[int, int, int]]) -> threading.Thread:
-        """Compile these buckets one by one on a daemon thread while steps run eagerly; each bucket
-        runs compiled from the step after it is ready. Each bucket's first call (the compile) writes
+        """Compile these buckets one by one on a daemon thread while steps run eagerly (those whose
+        package is stored load first, then are timed); each bucket runs compiled from the step
+        after it is ready. Each bucket's first call (the compile) writes
         only scratch columns, so it may overlap the engine's steps. A bucket started while `busy`
         is set (the engine sets it while it has requests) takes `load_share` of the time while the
         engine has requests (0: it waits); one started while the engine is idle runs unpaced to its
@@ -318,16 +350,26 @@ class CompiledForward:
         throttle = CompileThrottle(self, self.load_share)
 
         def work() -> None:
-            for b in todo:
+            # Graphs stored on disk load first, all of them, then are timed: each serves within
+            # seconds of the start. A graph compiled here is timed right after its compile.
+            stored = [b for b in todo if self._stored(b)]
+            for b in stored + [b for b in todo if b not in stored]:
                 throttle.attach()
                 try:
-                    self.warmup([b])
+                    self.warmup([b], timed=b not in stored)
                 except Exception as exc:  # a bucket that cannot compile keeps running eagerly
                     self.failed[b] = f"{type(exc).__name__}: {exc}"
                     log.exception("compiling %s failed; its steps run without it", b)
+            for b in stored:
+                if b in self.ready:
+                    self.time_alone(b)
 
         self._compiler = start_low_priority("compile-decode-buckets", work)
         return self._compiler
+
+    def _stored(self, bucket: Bucket) -> bool:
+        graph = self._stage_for(bucket).graph
+        return isinstance(graph, ExportedStep) and graph.path.exists()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a background compile; True once nothing is compiling."""

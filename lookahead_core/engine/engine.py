@@ -98,7 +98,8 @@ class Engine:
         kvs = sorted({min(kv, self.cache.capacity) for kv in cfg.compile_kv}) or [self.cache.capacity]
         cf = CompiledForward(self.runner.model, self.cache, batch_buckets={b for b, _ in fitted},
                              width_buckets={w for _, w in fitted}, kv_buckets=kvs, lazy=False,
-                             gemm_autotune=cfg.compile_autotune, load_share=cfg.compile_load_share)
+                             gemm_autotune=cfg.compile_autotune, load_share=cfg.compile_load_share,
+                             threads=self.runner.threads)
         buckets = [Bucket(b, w, kv) for b, w in fitted for kv in kvs]
         if cfg.compile_prefill and cf.dynamic and cfg.prefill_chunk > 1:  # after the batch-1 graphs
             buckets.insert(sum(b.batch == 1 for b in buckets), Bucket(1, cfg.prefill_chunk, kvs[-1], prefill=True))

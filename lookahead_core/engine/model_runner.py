@@ -13,6 +13,7 @@ import torch
 from lookahead_core.engine.bucket_staging import Bucket
 from lookahead_core.engine.compiled_forward import CompiledForward
 from lookahead_core.engine.step_costs import StepCosts
+from lookahead_core.engine.step_threads import StepThreads
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.params import LookaheadParams
 
@@ -30,9 +31,11 @@ class ModelRunner:
     the decode forward's compiled graphs (`graphs`, set once they are built) and learns what its
     decode forwards cost (`costs`)."""
 
-    def __init__(self, model: torch.nn.Module, costs: StepCosts | None = None, max_layouts: int = 32) -> None:
+    def __init__(self, model: torch.nn.Module, costs: StepCosts | None = None, max_layouts: int = 32,
+                 threads: StepThreads | None = None) -> None:
         self.model = model
         self.costs = costs or StepCosts()
+        self.threads = threads  # torch threads per forward by its batch; None: the process's, untouched
         self.graphs: CompiledForward | None = None
         self.eager_forwards = 0  # decode forwards no graph held (or whose graph raised)
         self._ready: set[Bucket] = set()  # compiled buckets whose readiness `costs` has been told of
@@ -98,6 +101,8 @@ class ModelRunner:
         first slot (a request that arrives alone), a batch-1 decode graph (every row's, which
         `all_logits` needs)."""
         positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
+        if self.threads is not None:
+            self.threads.use(input_ids.shape[0])
         graphs = self.graphs
         if graphs is not None and mask is not None and input_ids.shape[0] == 1:
             width, kv_len = input_ids.shape[1], mask.shape[-1]
@@ -127,6 +132,8 @@ class ModelRunner:
                 self.costs.forget(changed.batch)
             self._ready = ready
             self.costs.calibrate(compiled.alone_costs())
+        if self.threads is not None:
+            self.threads.use(input_ids.shape[0])
         t0 = time.perf_counter()
         out = None
         if compiled is not None:

@@ -26,6 +26,15 @@ def test_torch_threads_in_the_app_args_override_the_rule():
     assert AppArgs().nice == 0 and AppArgs(nice=None).core_plan(cores=2).nice is None
 
 
+def test_a_replica_with_every_core_runs_steps_of_many_sequences_on_all_of_them():
+    plan = AppArgs(num_cpus=2).core_plan(cores=2)
+    threads = plan.step_threads()
+    assert plan.torch_threads == 1 and [threads.for_batch(b) for b in (1, 7, 8, 16)] == [1, 1, 2, 2]
+    assert AppArgs(num_cpus=2, large_batch_threads=1).core_plan(cores=2).step_threads().for_batch(16) == 1
+    assert AppArgs(num_cpus=2, torch_threads=2).core_plan(cores=2).step_threads().for_batch(16) == 2
+    assert AppArgs(num_cpus=4).core_plan(cores=16).step_threads().for_batch(16) == 4  # part of the machine
+
+
 def test_apply_sets_the_threads_and_the_priority_of_every_thread_of_the_process():
     # In a child process: the priority is the process's own, and lowering it cannot be undone without privilege.
     code = """

@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch._dynamo.eval_frame import _get_cache_entries_for_region
 
 from lookahead_core.engine.bucket_staging import Bucket
-from lookahead_core.engine.compile_setup import CompileThrottle
-from lookahead_core.engine.compiled_forward import CompiledForward, _decode_step
+from lookahead_core.engine.compile_setup import CompileThrottle, weights_tag
+from lookahead_core.engine.compiled_forward import CompiledForward
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.exported_step import ExportedStep
 from lookahead_core.engine.kv_cache import BatchKVCache
 from lookahead_core.engine.model_runner import ModelRunner, eager_decode
 from lookahead_core.engine.request import EngineRequest
@@ -113,22 +113,6 @@ def test_compiled_forward_matches_eager_in_two_buckets(model):
         seen.add(bucket)
     assert cf.ready == {Bucket(4, 8, CAP), Bucket(1, 1, 32)}  # compiled on their first steps (lazy)
     assert cf.calls == 5 and runner.eager_forwards == 0
-
-
-@pytest.mark.compile
-def test_a_model_of_the_same_shapes_gets_graphs_of_its_own(model):
-    """Guards on the model are skipped (each call would re-read its attributes); two instances
-    over two models of identical shapes must still never share a frozen graph."""
-    other = build_random_model("llama", vocab_size=256, seed=1)
-    for m in (model, other):
-        eager_cache, cache = _prefilled(m), _prefilled(m)
-        cf = CompiledForward(m, cache, batch_buckets=(1,), width_buckets=(1,), kv_buckets=(32,))
-        runner = _runner(cf)
-        ref_pred, ref_logits = _run(_eager(cf.model), eager_cache, 1, 1, 5)
-        pred, logits = _run(runner.decode, cache, 1, 1, 5)
-        assert cf.ready == {Bucket(1, 1, 32)}, "each instance compiles its own graph"
-        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
-        assert pred == ref_pred
 
 
 def test_a_step_runs_in_the_cheapest_ready_bucket_that_holds_it(model):
@@ -274,9 +258,8 @@ def test_graphs_of_three_or_four_rows_take_the_gemm_template(model):
 @pytest.mark.compile
 def test_a_step_runs_in_its_own_buckets_graph(model):
     """A narrow bucket compiled before a wide one of the same batch: a step of 3 tokens runs in
-    the narrow bucket's graph, not in the wide one's, whose guards admit it too (dynamo runs the
-    newest graph that admits a step among those of one function); each bucket's function holds
-    its own graph only."""
+    the narrow bucket's graph, not in the wide one's, which admits it too; each bucket has a
+    package of its own."""
     eager_cache, cache = _prefilled(model), _prefilled(model)
     cf = CompiledForward(model, cache, batch_buckets=(2,), width_buckets=(4, 8), kv_buckets=(CAP,), lazy=False)
     narrow, wide = Bucket(2, 4, CAP), Bucket(2, 8, CAP)
@@ -286,9 +269,9 @@ def test_a_step_runs_in_its_own_buckets_graph(model):
     assert pred == ref_pred
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     assert (cf._staging[narrow].calls, cf._staging[wide].calls) == (2, 1)  # and each one's warm-up
-    for b in (narrow, wide):
-        region = cf._staging[b].graph._isolate_recompiles_id
-        assert len(_get_cache_entries_for_region(_decode_step, region)) == 1, b
+    graphs = [cf._staging[b].graph for b in (narrow, wide)]
+    assert all(isinstance(g, ExportedStep) and g.path.exists() for g in graphs)
+    assert graphs[0].path != graphs[1].path  # a package each
 
 
 @pytest.mark.compile
@@ -623,15 +606,45 @@ def test_background_compile_takes_its_share_while_the_engine_steps():
 
 
 @pytest.mark.compile
+def test_stored_graphs_all_load_before_any_is_timed(model):
+    """A background compile loads every graph whose package is stored before it times any: each
+    serves within seconds of the start, not after the ones before it were timed."""
+    buckets = [Bucket(1, 1, 32), Bucket(4, 8, CAP)]
+    sizes = {"batch_buckets": (1, 4), "width_buckets": (1, 8), "kv_buckets": (32,), "lazy": False}
+    CompiledForward(model, _prefilled(model), **sizes).warmup(buckets)  # stored (or loaded: stored already)
+    cf = CompiledForward(model, _prefilled(model), **sizes)
+    events, run, time_alone = [], cf._run, cf._time_alone
+
+    def ran(st):
+        events.append(("ready", st.bucket))
+        return run(st)
+
+    def timed(st, calls=3):
+        events.append(("timed", st.bucket))
+        return time_alone(st, calls)
+
+    cf._run, cf._time_alone = ran, timed
+    cf.compile_in_background(buckets)
+    assert cf.wait(600)
+    assert events == [("ready", b) for b in buckets] + [("timed", b) for b in buckets]
+    assert all(s["ready"] and s["cached"] and s["timed_alone"] for s in cf.status())
+
+
+@pytest.mark.compile
 def test_a_later_instance_loads_its_graph_from_the_disk_cache_and_other_weights_do_not(model, tmp_path, monkeypatch):
-    """The frozen graph (its weights packed) is kept in inductor's on-disk cache: a later instance
-    over the same weights loads it, and gives the eager tokens; a model of the same shapes with
-    other weights compiles its own (the cache entry holds packed copies of the weights)."""
+    """The frozen graph (its weights packed) is kept on disk as a package: a later instance over
+    the same weights loads it, and gives the eager tokens; a model of the same shapes with other
+    weights never shares it (the package holds packed copies of the weights) and compiles its own;
+    a package that does not load (a torn file) is compiled again, and replaced."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     same = build_random_model("llama", vocab_size=256)
     same.load_state_dict(model.state_dict())
     other = build_random_model("llama", vocab_size=256, seed=2)
-    for m, cached in ((model, False), (same, True), (other, False)):
+    packages = tmp_path / "lookahead_packages"
+    for m, cached, tear in ((model, False, False), (same, True, False), (other, False, False), (same, False, True)):
+        if tear:
+            [torn] = packages.glob(f"*-{weights_tag(same)[:12]}-*")
+            torn.write_bytes(torn.read_bytes()[:4096])
         eager_cache, cache = _prefilled(m), _prefilled(m)
         cf = CompiledForward(m, cache, batch_buckets=(1,), width_buckets=(1,), kv_buckets=(32,), lazy=False)
         runner = _runner(cf)
@@ -643,3 +656,4 @@ def test_a_later_instance_loads_its_graph_from_the_disk_cache_and_other_weights_
         assert cf.calls == 1
         torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
         assert pred == ref_pred
+    assert len(list(packages.iterdir())) == 2 and torn.stat().st_size > 4096  # one per weights, the torn one replaced

@@ -1,0 +1,27 @@
+"""How many torch threads a forward runs on, by the number of sequences it decodes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepThreads:
+    """`threads` for a forward of fewer than `large_batch` sequences, `large_threads` from there
+    up (a compiled graph is compiled for the threads its batch runs on). Set by the core plan."""
+
+    threads: int
+    large_batch: int | None = None
+    large_threads: int | None = None
+
+    def for_batch(self, rows: int) -> int:
+        if self.large_batch is not None and self.large_threads is not None and rows >= self.large_batch:
+            return self.large_threads
+        return self.threads
+
+    def use(self, rows: int) -> None:
+        """This thread's torch threads for a forward of `rows` sequences (a no-op when unchanged)."""
+        n = self.for_batch(rows)
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)

@@ -42,7 +42,8 @@ from lookahead_core.engine.compile_setup import (
     start_low_priority,
     weights_tag,
 )
-from lookahead_core.engine.exported_step import ExportedStep, package_key, package_store
+from lookahead_core.engine.exported_step import ExportedStep, package_name
+from lookahead_core.engine.package_store import PackageStore
 from lookahead_core.engine.step_threads import StepThreads
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ class CompiledForward:
         install_sdpa_gqa()
         quiet_autotune()
         self.cache_tag = weights_tag(model) if self.packaged else ""
+        self.store = PackageStore()  # where packaged graphs are kept (nothing is read until one is asked for)
         self._compiler: threading.Thread | None = None
         self.lazy = lazy  # compile a bucket on its first step; else only warmed-up buckets run compiled
         self.ready: set[Bucket] = set()
@@ -227,10 +229,10 @@ class CompiledForward:
             return self._jit(step)
         options, dims = self.options_for(st.bucket), st.export_dims()
         kv = st.cache.slot_tensors()
-        key = package_key(weights=self.cache_tag, model=self.model, bucket=st.bucket, step=step, options=options,
-                          dims=dims, kv_shape=(*kv[0].shape, str(kv[0].dtype)), layers=len(kv) // 2,
-                          threads=self._threads_for(st.bucket))
-        return ExportedStep(step, st.bucket, options, dims, key, package_store())
+        name = package_name(weights=self.cache_tag, model=self.model, bucket=st.bucket, step=step, options=options,
+                            dims=dims, kv_shape=(*kv[0].shape, str(kv[0].dtype)), layers=len(kv) // 2,
+                            threads=self._threads_for(st.bucket))
+        return ExportedStep(step, st.bucket, options, dims, name, self.store)
 
     # ---- running ----------------------------------------------------------------------------
 
@@ -369,7 +371,7 @@ class CompiledForward:
 
     def _stored(self, bucket: Bucket) -> bool:
         graph = self._stage_for(bucket).graph
-        return isinstance(graph, ExportedStep) and graph.path.exists()
+        return isinstance(graph, ExportedStep) and graph.stored()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a background compile; True once nothing is compiling."""

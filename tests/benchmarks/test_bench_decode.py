@@ -78,7 +78,7 @@ def test_compiled_greedy_peer_matches_hf_greedy_and_stops_at_eos():
 
     model = build_random_model("llama", vocab_size=128)
     prompts = [[5, 9, 17, 33, 2, 70, 101], [44, 3, 90, 12, 7, 7, 64, 8, 31, 120, 6]]
-    peer = bench_decode.CompiledGreedy(model, max_cache_len=max(map(len, prompts)) + 10)
+    peer = bench_decode.CompiledGreedy(model, max_cache_len=max(map(len, prompts)) + 10, gemm_autotune=False)
     assert peer.warm_up(prompts[0]) > 0
     frames = torch._dynamo.utils.counters["frames"]
     compiled = frames["ok"]
@@ -99,7 +99,7 @@ def test_bench_decode_compiled_peer_row(tiny_model_dir, tmp_path):
     prompts.write_text("\n".join(json.dumps({"id": i, "prompt": p}) for i, p in enumerate(["def f(x):", "import os\n"])))
     report = bench_decode.main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--max-new-tokens", "8",
                                 "--configs", "", "--pld", "", "--no-plain", "--compiled", "--peer-skip-guards",
-                                "--dtype", "float32"])
+                                "--dtype", "float32", "--compile-autotune", "off"])
     rows = {r["config"]: r for r in report["rows"]}
     assert list(rows) == ["hf-greedy", "hf-compiled", "hf-compiled-ng"]
     for name in ("hf-compiled", "hf-compiled-ng"):  # each peer compiled its own graph

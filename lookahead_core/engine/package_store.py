@@ -1,0 +1,117 @@
+"""Where compiled step packages are kept on disk, and how one is stored, found and loaded.
+
+AOTInductor writes a package as a zip (`.pt2`); loading a zip unpacks it into a temporary folder
+first, a copy of the whole library with its weights at every start, and a process that is killed
+(a replica stopped) never removes that folder. So a package is kept unpacked, one folder per
+package, and loaded in place. A folder appears whole or not at all (renamed into place), so a
+replica starting beside the one that compiles it never loads half of one.
+
+A package's name is `<slug>-<weights>-<build>-<digest>`: `build` digests the code that compiled it
+(the traced sources, torch, transformers, the CPU); storing a package drops the packages of the
+same slug and weights that another build left, never those of other options of this build.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+log = logging.getLogger(__name__)
+
+ABANDONED_AFTER_S = 3600.0
+
+
+@dataclass(frozen=True)
+class PackageName:
+    """A package's folder name, `<slug>-<weights>-<build>-<digest>`."""
+
+    slug: str  # what it runs: decode or prefill, and its bucket
+    weights: str  # the weights' tag
+    build: str  # the code that compiled it
+    digest: str  # everything else its code depends on
+
+    def __str__(self) -> str:
+        return f"{self.slug}-{self.weights}-{self.build}-{self.digest}"
+
+
+class PackageStore:
+    """Package folders under `root` (by default a folder of inductor's cache, beside the rest of
+    inductor's compiled code)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = Path(cache_dir()) / "lookahead_packages" if root is None else root
+
+    def folder(self, name: PackageName) -> Path:
+        return self.root / str(name)
+
+    def load(self, name: PackageName) -> Callable[[list], list] | None:
+        """The package's flat call (inputs as one list), or None where none is stored. A folder that
+        does not load (torn by hand, or left by another torch) is removed, so it is compiled again."""
+        path = self.folder(name)
+        if not path.is_dir():
+            return None
+        try:
+            # The loader takes an unpacked folder as it is; `aoti_load_package` would first try it
+            # as an archive, warn, and only then fall back to this same loader.
+            loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        except Exception:
+            log.exception("loading %s failed; it is compiled again", path)
+            shutil.rmtree(path, ignore_errors=True)
+            return None
+        # The Python wrapper's call parses its input and output specs on every call; this is the flat form.
+        return loader.boxed_run
+
+    def store(self, name: PackageName, write: Callable[[str], None]) -> None:
+        """Run `write(archive_path)` (the compile, writing a `.pt2`), unpack the archive and put its
+        folder in place; then drop what other builds left for the same slug and weights."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        work = self.root / f".{name}.{os.getpid()}.tmp"  # named so that `_drop_other_builds` knows its owner
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+        try:
+            archive = work / "package.pt2"
+            write(str(archive))
+            with zipfile.ZipFile(archive) as zf:
+                zf.extractall(work / "unpacked")
+            (top,) = (work / "unpacked").iterdir()  # the archive's one top folder
+            try:
+                os.replace(top, self.folder(name))
+            except OSError:  # another process stored it first: theirs is whole, keep it
+                if not self.folder(name).is_dir():
+                    raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        self._drop_other_builds(name)
+
+    def _drop_other_builds(self, name: PackageName) -> None:
+        for old in self.root.glob(f"{name.slug}-{name.weights}-*"):
+            if old.suffix == ".pt2":  # an archive an earlier version kept
+                with contextlib.suppress(OSError):
+                    old.unlink()
+            elif old.is_dir() and not old.name.startswith(f"{name.slug}-{name.weights}-{name.build}-"):
+                shutil.rmtree(old, ignore_errors=True)
+        for work in self.root.glob(".*.tmp"):  # what a compile killed midway left
+            pid = work.name.rsplit(".", 2)[-2]
+            # its process gone, and for long: a process of another PID namespace sharing the folder
+            # may have the same number as a dead one here
+            if pid.isdigit() and not _alive(int(pid)) and time.time() - work.stat().st_mtime > ABANDONED_AFTER_S:
+                shutil.rmtree(work, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -118,6 +118,10 @@ class AppArgs(BaseModel):
                                 "default: the core plan's (every core where the replica has them all)")
     nice: int | None = Field(0, ge=-20, le=19, description="the engine's scheduling priority (Ray starts actors at 15); "
                                                            "null keeps Ray's")
+    http_nice: int | None = Field(5, ge=-20, le=19, description="the scheduling priority of the HTTP stack on the "
+                                  "replica's node: the replica's own process (with the engine in a process of its "
+                                  "own) and Serve's proxy (Ray starts them at 15, where a step on every core starved "
+                                  "them); null keeps Ray's")
     engine_process: bool = Field(
         True, description="the engine steps in a process of its own (its step never waits for the replica's Python, "
                           "the GIL); false: on a thread of the replica's process")
@@ -128,4 +132,4 @@ class AppArgs(BaseModel):
 
     def core_plan(self, cores: int | None = None) -> CorePlan:
         return CorePlan.build(self.num_cpus, self.torch_threads, self.nice, cores, own_process=self.engine_process,
-                              large_batch_threads=self.large_batch_threads)
+                              large_batch_threads=self.large_batch_threads, http_nice=self.http_nice)

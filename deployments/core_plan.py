@@ -8,16 +8,21 @@ on the same machine) stalls the whole step. The rules, measured in docs/BENCHMAR
   `cores - 1` threads (at least one). A replica given fewer cores than the machine has (a cluster
   node, `num_cpus` below the core count) runs one thread per core it asked for. This holds with the
   engine in a process of its own too: there, a thread on every core starved the HTTP stack.
-* Except a step of LARGE_BATCH sequences or more, where the replica has every core: it runs on all
-  of them (`large_batch_threads`). Such a step is long, and the HTTP stack catches up between
-  steps (more tokens a second, a higher TTFT: docs/BENCHMARKS.md, "Graphs as packages").
+* Except a step of LARGE_BATCH sequences or more, and a prompt chunk, where the replica has every
+  core: they run on all of them (`large_batch_threads`). Such a forward is long, and the HTTP stack
+  catches up between them (CHANGELOG.md, "Graphs as packages on disk").
 * Ray starts actors at nice 15 and its own raylet and GCS at nice 0, so every Ray heartbeat would
   preempt a step. The engine's threads move to `nice` (0 by default), where the process may raise
-  its priority (root or CAP_SYS_NICE); the proxy, the ingress and (with the engine in a process of
-  its own, `own_process`) the replica's event loop stay at Ray's 15, below the step.
+  its priority (root or CAP_SYS_NICE).
+* The HTTP stack on the replica's node moves to `http_nice` (5 by default): the replica's own
+  process (its event loop and streams, with the engine in a process of its own) and Serve's proxy
+  (`apply_http`, in the replica's process). Left at Ray's 15, a step on every core starved them
+  (a request's first token came 8x later than in-process at 16 users); at the engine's 0 they
+  preempt its steps more (docs/BENCHMARKS.md, "The HTTP stack above Ray's priority").
 
 The plan is applied where the engine steps (`apply`: in the engine's process, or the replica's).
-`torch_threads` in the app args overrides the thread rule; `nice: null` leaves Ray's priority.
+`torch_threads` in the app args overrides the thread rule; `nice: null` and `http_nice: null` leave
+Ray's priority.
 `large_batch_threads` in the app args sets the threads of a step of LARGE_BATCH sequences or more
 (its compiled graphs are compiled for them; `StepThreads`).
 """
@@ -33,6 +38,7 @@ import torch
 from lookahead_core.engine.step_threads import StepThreads
 
 LARGE_BATCH = 8
+PROXY_TITLE = b"ray::ProxyActor"  # the process title Ray gives Serve's proxy actor
 log = logging.getLogger("ray.serve")
 
 
@@ -53,10 +59,12 @@ class CorePlan:
     reason: str
     own_process: bool = True   # the engine steps in a process of its own (which `apply` runs in)
     large_batch_threads: int | None = None  # torch threads of a step of LARGE_BATCH sequences or more
+    http_nice: int | None = 5  # priority asked for the replica's event loop and Serve's proxy (None: Ray's)
 
     @classmethod
     def build(cls, num_cpus: float, torch_threads: int | None = None, nice: int | None = 0,
-              cores: int | None = None, own_process: bool = True, large_batch_threads: int | None = None) -> CorePlan:
+              cores: int | None = None, own_process: bool = True, large_batch_threads: int | None = None,
+              http_nice: int | None = 5) -> CorePlan:
         cores = cores or visible_cores()
         asked = max(1, int(num_cpus))
         if torch_threads is not None:
@@ -68,7 +76,7 @@ class CorePlan:
                 reason += f", but a step of {LARGE_BATCH} sequences or more runs on all {cores}"
         else:
             threads, reason = min(asked, cores), f"one thread per core asked for (num_cpus {num_cpus:g})"
-        return cls(cores, num_cpus, threads, nice, reason, own_process, large_batch_threads)
+        return cls(cores, num_cpus, threads, nice, reason, own_process, large_batch_threads, http_nice)
 
     def step_threads(self) -> StepThreads:
         """The engine's threads per forward: `torch_threads`, or `large_batch_threads` from
@@ -89,17 +97,48 @@ class CorePlan:
         return status
 
 
-def renice(nice: int) -> int:
-    """Every thread of this process to `nice` (Linux keeps a priority per thread; threads started
-    later inherit their creator's). Returns the main thread's priority afterwards."""
-    for tid in _threads():
+    def apply_http(self) -> dict:
+        """Move the HTTP stack on this node to `http_nice`: this process (the replica's, when the
+        engine steps in another) and Serve's proxies here. Returns what took effect (for /health)."""
+        if self.http_nice is None:
+            return {}
+        pids = ([] if not self.own_process else [os.getpid()]) + serve_proxies()
+        now = {pid: renice(self.http_nice, pid) for pid in pids}
+        status: dict = {"http_nice_now": {"replica" if pid == os.getpid() else f"proxy {pid}": n for pid, n in now.items()}}
+        if any(n != self.http_nice for n in now.values()):
+            status["http_nice_error"] = (f"could not set nice {self.http_nice} on the HTTP stack (no CAP_SYS_NICE): "
+                                         "under load a step on every core delays its streams")
+            log.warning("core plan: %s", status["http_nice_error"])
+        return status
+
+
+def serve_proxies() -> list[int]:
+    """Pids of Serve's HTTP proxies on this node (Ray names an actor's process after its class)."""
+    pids = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if f.read(64).startswith(PROXY_TITLE):
+                        pids.append(int(entry))
+    return pids
+
+
+def renice(nice: int, pid: int | None = None) -> int:
+    """Every thread of process `pid` (default: this one) to `nice` (Linux keeps a priority per
+    thread; threads started later inherit their creator's). Returns the process's priority
+    afterwards."""
+    for tid in _threads(pid):
         with contextlib.suppress(OSError):  # raising priority needs CAP_SYS_NICE; a thread may have exited
             os.setpriority(os.PRIO_PROCESS, tid, nice)
-    return os.getpriority(os.PRIO_PROCESS, 0)
-
-
-def _threads() -> list[int]:
     try:
-        return [int(t) for t in os.listdir("/proc/self/task")]
+        return os.getpriority(os.PRIO_PROCESS, pid or 0)
+    except OSError:  # the process exited meanwhile
+        return nice
+
+
+def _threads(pid: int | None = None) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid or 'self'}/task")]
     except OSError:
-        return [0]
+        return [pid or 0]

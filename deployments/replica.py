@@ -48,6 +48,7 @@ class ModelReplica:
         else:
             engine, self.facts = build()
             self.async_engine = AsyncEngine(engine)
+        self.facts["core_plan"] = {**self.facts["core_plan"], **self.args.core_plan().apply_http()}
         limits = self.args.limits
         max_prompt = self.async_engine.limits.max_seq_len - 1
         self.processor = RequestProcessor(

@@ -237,7 +237,7 @@ class CompiledForward:
     # ---- running ----------------------------------------------------------------------------
 
     def _threads_for(self, bucket: Bucket) -> int:
-        return self.threads.for_batch(bucket.batch) if self.threads is not None else torch.get_num_threads()
+        return self.threads.for_batch(bucket.batch, bucket.prefill) if self.threads is not None else torch.get_num_threads()
 
     def options_for(self, bucket: Bucket) -> dict:
         """The inductor settings a bucket's graph is compiled with."""
@@ -252,7 +252,7 @@ class CompiledForward:
         setup = (compiling(self.options_for(st.bucket), self.cache_tag) if first and not self.packaged
                  else contextlib.nullcontext())
         if first and self.threads is not None:  # inductor's C++ kernels take the compiling thread's count
-            self.threads.use(st.bucket.batch)
+            self.threads.use(st.bucket.batch, st.bucket.prefill)
         with _compile_lock if first else contextlib.nullcontext(), setup as loaded, torch.inference_mode():
             if self.cudagraphs:
                 torch.compiler.cudagraph_mark_step_begin()
@@ -289,7 +289,7 @@ class CompiledForward:
         """Time a ready bucket's graph alone (`_time_alone`), for the planner's prices and /health."""
         st = self._stage_for(bucket)
         if self.threads is not None:
-            self.threads.use(bucket.batch)
+            self.threads.use(bucket.batch, bucket.prefill)
         st.alone_ms = self._time_alone(st)
         st.timed_alone = bool(st.alone_ms)
         self.ready_changes += 1  # the runner's prices read the new timings

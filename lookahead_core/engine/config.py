@@ -47,8 +47,9 @@ class EngineConfig(BaseModel):
                           "None: max_batch slots whatever they take")
     max_new_tokens: int = Field(512, ge=1, description="largest max_new_tokens a request may ask for")
     prefill_chunk: int = Field(
-        128, ge=1, description=f"prompt tokens prefilled per engine step (a chunk x chunk mask is allocated at start): "
-                               f"at most {MAX_PREFILL_CHUNK}, or max_seq_len; longer than max_seq_len is never used")
+        128, ge=1, description=f"prompt tokens prefilled per engine step, across prompts, one forward each (a chunk x "
+                               f"chunk mask is allocated at start): at most {MAX_PREFILL_CHUNK}, or max_seq_len; longer "
+                               f"than max_seq_len is never used")
     max_waiting: int = Field(1024, ge=0, description="requests queued beyond the running ones")
     max_n: int = Field(8, ge=2)
     max_w: int = Field(16, ge=1)

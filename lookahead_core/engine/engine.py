@@ -37,8 +37,8 @@ class EngineOverloaded(RuntimeError):
 class Engine:
     """Synchronous engine: `add_request`, `step`, `abort`, `queue_depth`.
 
-    Each step runs at most one prefill chunk (for the sequence being admitted) and one decode
-    forward over every running sequence, each with its own span, padded to the widest. The
+    Each step prefills at most `prefill_chunk` prompt tokens (of the sequences being admitted) and
+    runs one decode forward over every running sequence, each with its own span, padded to the widest. The
     scheduler decides which sequence holds which KV slot; the engine applies its slot moves.
     """
 
@@ -217,15 +217,15 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
-        """Schedule (retire, admit, one prefill chunk), plan, execute one decode forward, update.
-        A prompt the chunk completed has its first token from the prefill and decodes from the
-        next step, so that token waits for no decode forward."""
+        """Schedule (retire, admit, prompt chunks of prefill_chunk tokens in all), plan, execute one
+        decode forward, update. A prompt a chunk completed has its first token from the prefill and
+        decodes from the next step, so that token waits for no decode forward."""
         t0 = time.perf_counter()
         outputs, self._finished_early = self._finished_early, []
         self._retire()
         fresh = self.prefiller.run()
         outputs.extend(fresh)
-        decoding = len(self.scheduler.running) - len(fresh)  # a fresh sequence holds the last slot
+        decoding = len(self.scheduler.running) - len(fresh)  # the fresh sequences hold the last slots
         if decoding:
             plan = self._plan(decoding)
             pred, logits = self._execute(plan)

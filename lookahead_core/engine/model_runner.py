@@ -102,7 +102,7 @@ class ModelRunner:
         `all_logits` needs)."""
         positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
         if self.threads is not None:
-            self.threads.use(input_ids.shape[0])
+            self.threads.use(input_ids.shape[0], prefill=True)
         graphs = self.graphs
         if graphs is not None and mask is not None and input_ids.shape[0] == 1:
             width, kv_len = input_ids.shape[1], mask.shape[-1]

@@ -32,12 +32,23 @@ class Prefiller:
         self.seconds = 0.0  # prefill forwards
 
     def run(self) -> list[StepOutput]:
-        """At most one prefill chunk (after any stored prefix is copied in); the prompt's first new
-        token when the chunk completes it."""
-        job = self.scheduler.next_prefill()
-        if job is not None and job[1] == 0 and self._reuse_prefix(job[0]):
-            job = self.scheduler.next_prefill()  # the rest of the same prompt: at least its last token
-        return [] if job is None else self._prefill(*job)
+        """Prompt chunks of `prefill_chunk` tokens in all, one forward per prompt, each after any
+        stored prefix of it is copied in; the first new token of each prompt they complete. Short
+        prompts arriving together (a burst of users) are prefilled in one step, not one a step."""
+        outputs: list[StepOutput] = []
+        budget = self.scheduler.prefill_chunk
+        while budget > 0:
+            job = self.scheduler.next_prefill(budget)
+            if job is not None and job[1] == 0 and self._reuse_prefix(job[0]):
+                job = self.scheduler.next_prefill(budget)  # the rest of the same prompt: at least its last token
+            if job is None:
+                break
+            done = self._prefill(*job)
+            outputs.extend(done)
+            budget -= job[2]
+            if not done:  # the prompt goes on next step
+                break
+        return outputs
 
     def _prefill(self, seq: Sequence, start: int, n: int) -> list[StepOutput]:
         slot = seq.slot

@@ -1,4 +1,5 @@
-"""Which sequences run, in which KV slot: FIFO admission, one prefill chunk per step, finish and retire."""
+"""Which sequences run, in which KV slot: FIFO admission, prompt chunks of at most `prefill_chunk`
+tokens per step, finish and retire."""
 from __future__ import annotations
 
 from collections import deque
@@ -21,8 +22,9 @@ class Scheduler:
     """Owns every sequence's state change and slot.
 
     Running sequences sit in slots [0, len(running)); the sequence being prefilled holds the next
-    slot. A step does at most one prefill chunk of `prefill_chunk` tokens, so an arriving long
-    prompt delays the running sequences by one bounded forward per step, never by its whole prefill.
+    slot. A step prefills at most `prefill_chunk` prompt tokens, so an arriving long prompt delays
+    the running sequences by a bounded forward per step, never by its whole prefill; short prompts
+    share that budget (one after another, each completed starts running).
     """
 
     def __init__(self, max_batch: int, prefill_chunk: int) -> None:
@@ -42,9 +44,9 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def next_prefill(self) -> tuple[Sequence, int, int] | None:
-        """(sequence, start, tokens) of the next prefill chunk, admitting a waiting sequence into
-        the next slot if one is free."""
+    def next_prefill(self, budget: int | None = None) -> tuple[Sequence, int, int] | None:
+        """(sequence, start, tokens) of the next prefill chunk, of at most `budget` tokens (default:
+        `prefill_chunk`), admitting a waiting sequence into the next slot if one is free."""
         if self.prefilling is None:
             if not self.waiting or len(self.running) >= self.max_batch:
                 return None
@@ -53,7 +55,7 @@ class Scheduler:
             self.prefilled = 0
         seq = self.prefilling
         remaining = seq.prompt_len - self.prefilled
-        return seq, self.prefilled, min(remaining, self.prefill_chunk)
+        return seq, self.prefilled, min(remaining, self.prefill_chunk if budget is None else budget)
 
     def prefill_done(self, tokens: int) -> Sequence | None:
         """Record a prefill chunk; returns the sequence when its prompt is in and it starts running."""

@@ -1,5 +1,6 @@
 """The replica's core plan: how many torch threads on how many cores, and the priority it takes."""
 import json
+import os
 import subprocess
 import sys
 
@@ -52,3 +53,27 @@ print(json.dumps({"status": status, "threads": threads, "later": later, "torch":
     assert out["torch"] == 1 and out["status"]["torch_threads"] == 1
     assert out["status"]["nice_now"] == 7 and "nice_error" not in out["status"]
     assert set(out["threads"]) == {7} and out["later"] == [7]  # threads started later inherit it
+
+
+def test_apply_http_moves_this_process_and_the_serve_proxies_here_to_http_nice():
+    """The replica's process (the engine steps in another) and every process titled as Serve's proxy:
+    a stand-in proxy here, under a title of its own so a real one on this machine is left alone."""
+    title = "ray::ProxyActorStandIn"
+    proxy = subprocess.Popen([title, "-c", "import time; time.sleep(60)"], executable=sys.executable)
+    try:
+        code = f"""
+import json, os
+from deployments import core_plan
+core_plan.PROXY_TITLE = {title.encode()!r}
+status = core_plan.CorePlan.build(num_cpus=2, cores=2, http_nice=9).apply_http()
+print(json.dumps({{"status": status, "own": os.getpriority(os.PRIO_PROCESS, 0), "pid": os.getpid()}}))
+"""
+        out = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+        assert out["own"] == 9 and os.getpriority(os.PRIO_PROCESS, proxy.pid) == 9
+        assert out["status"]["http_nice_now"] == {"replica": 9, f"proxy {proxy.pid}": 9}
+        assert "http_nice_error" not in out["status"]
+    finally:
+        proxy.kill()
+        proxy.wait()
+    # null leaves Ray's priority
+    assert CorePlan.build(num_cpus=2, cores=2, http_nice=None).apply_http() == {}

@@ -32,6 +32,11 @@ def test_health_and_models(server):
     assert h["status"] == "ok" and h["model"] == "tiny"
     assert h["dtype"] == "float32" and h["device"] == "cpu" and h["torch_threads"] >= 1
     assert h["seeded_text"] == "fixed by the seed"  # float32: whatever runs beside a request
+    # the HTTP stack above Ray's 15, where Ray started it: the replica's process and Serve's proxy
+    plan = h["core_plan"]
+    assert plan["nice_now"] == 0 and plan["http_nice_now"]["replica"] == 5 and "http_nice_error" not in plan
+    proxies = [n for who, n in plan["http_nice_now"].items() if who.startswith("proxy ")]
+    assert proxies and set(proxies) == {5}
     assert h["step_costs_ms"]["b1t1"] > 0  # the warm-up's forwards, measured
     step = h["step_time_ms"]  # per step: decode forward, prefill forward and the host's share beside them
     assert step["steps"] > 0 and step["forward"] > 0 and step["prefill"] > 0 and step["host"] > 0

@@ -115,6 +115,30 @@ def test_one_token_prompts_and_one_new_token(setup):
     assert got["b"] == cases[0][1][:1]
 
 
+def test_prompts_arriving_together_share_a_steps_prefill_budget(setup):
+    """prefill_chunk tokens a step in all: three short prompts get their first tokens in one step;
+    a prompt past the budget's rest continues next step, and the tokens are the greedy ones."""
+    model, cases = setup
+    engine = Engine(model, EngineConfig(max_batch=4, prefill_chunk=12, max_new_tokens=8, prefix_cache_tokens=0))
+    prompts = [[5, 9, 17], [40, 41, 42, 7], [100, 3, 77], [8, 6, 4, 2, 9, 11]]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(req(i, prompt, 4))
+    out: dict = {i: [] for i in range(4)}
+    for o in engine.step():
+        out[o.seq_id] += o.tokens
+    assert [i for i in out if out[i]] == [0, 1, 2] and engine.queue_depth() == (3, 1)  # 3 + 4 + 3 tokens, then 2 of the 6
+    assert engine.scheduler.prefilled == 2
+    for o in engine.step():  # the fourth prompt's last 4 tokens, and a decode step for the first three
+        out[o.seq_id] += o.tokens
+    assert all(out.values()) and engine.queue_depth() == (4, 0)
+    while engine.has_work():
+        for o in engine.step():
+            out[o.seq_id] += o.tokens
+    from tests.lookahead_core.helpers import NO_EOS, hf_greedy
+
+    assert out == {i: hf_greedy(model, prompt, 4, **NO_EOS) for i, prompt in enumerate(prompts)}
+
+
 def test_queue_depth_and_slot_limit(setup):
     model, cases = setup
     engine = Engine(model, EngineConfig(max_batch=2, prefill_chunk=64, max_new_tokens=64))

@@ -1,4 +1,5 @@
-"""Torch threads per forward by its batch: the runner switches them per step, eager or compiled."""
+"""Torch threads per forward by its batch (a prompt chunk: a large batch's): the runner switches them per
+step, eager or compiled."""
 import torch
 
 from lookahead_core.engine.kv_cache import BatchKVCache
@@ -11,6 +12,7 @@ def test_the_threads_follow_the_batch():
     threads = StepThreads(1, large_batch=8, large_threads=2)
     assert [threads.for_batch(b) for b in (1, 7, 8, 16)] == [1, 1, 2, 2]
     assert StepThreads(3).for_batch(64) == 3
+    assert threads.for_batch(1, prefill=True) == 2 and StepThreads(3).for_batch(1, prefill=True) == 3
 
 
 def test_the_runner_runs_each_forward_on_its_batchs_threads():
@@ -31,4 +33,4 @@ def test_the_runner_runs_each_forward_on_its_batchs_threads():
             seen.append(torch.get_num_threads())
     finally:
         torch.set_num_threads(before)
-    assert seen == [1, 2, 1, 1]
+    assert seen == [1, 2, 1, 2]  # a prompt chunk runs on the large batch's threads

@@ -503,6 +503,9 @@ def test_engine_requests_complete_when_every_graph_raises(model):
     for st in engine.compiled._staging.values():
         st.graph = broken
     assert _serve(engine, PROMPTS, modes) == eager
+    # then one plain request alone: its one-token steps reach the batch-1 graph whatever widths the
+    # batched requests' steps took (the three prompts are admitted in one step, so none ran alone)
+    assert _serve(engine, PROMPTS[:1], modes[:1]) == {0: eager[0]}
     assert engine.compiled.graph_failures == 3 and not engine.compiled.ready  # two decode graphs, the prefill graph
     assert engine.runner.eager_forwards > 2 and engine.compiled.calls == 0
 

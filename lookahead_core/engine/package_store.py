@@ -43,6 +43,14 @@ class PackageName:
         return f"{self.slug}-{self.weights}-{self.build}-{self.digest}"
 
 
+def _allow_amx() -> None:
+    """Ask Linux for AMX tile state in this process, as inductor does before it compiles: a package
+    built where AMX is present has AMX kernels, and a process that only loads it (a later start)
+    would die with SIGILL on its first tile instruction. A no-op elsewhere and once granted."""
+    if torch.cpu._is_amx_tile_supported() and not torch.cpu._init_amx():
+        log.warning("AMX tile state was refused (arch_prctl); packages with AMX kernels will not run")
+
+
 class PackageStore:
     """Package folders under `root` (by default a folder of inductor's cache, beside the rest of
     inductor's compiled code)."""
@@ -59,6 +67,7 @@ class PackageStore:
         path = self.folder(name)
         if not path.is_dir():
             return None
+        _allow_amx()
         try:
             # The loader takes an unpacked folder as it is; `aoti_load_package` would first try it
             # as an archive, warn, and only then fall back to this same loader.

@@ -27,7 +27,8 @@ class StepCosts:
     out under a burst of load is not priced out for good.
     Where the compiled graphs were timed alone (`calibrate`), that is the prior instead: a width
     not settled costs its timed ratio to a one-token step times the one-token cost measured now,
-    so no width is run to find out what its graph already showed.
+    so no width is run to find out what its graph already showed, times what the bucket's other
+    wide widths cost served against their own timed price (`served_factor`).
     One cell per (bucket, width) the engine can run: the state is bounded by its limits.
     """
 
@@ -51,6 +52,7 @@ class StepCosts:
         self._widest: dict[int, int] = {}
         self._priors: dict[tuple[int, int], float] = {}  # prior_ms per (bucket, width) at forward `_priors_at`
         self._ones: dict[int, float] = {}  # one_token_ms per bucket at forward `_priors_at`
+        self._excess: dict[int, dict[int, tuple[float, int]]] = {}  # per bucket, at `_priors_at`: width -> (served/timed, n)
         self._priors_at = -1
         self._timed: dict[int, tuple[list[int], list[float]]] = {}  # per bucket: widths timed alone, their ms
         self.observed = 0
@@ -153,12 +155,31 @@ class StepCosts:
         self._per_forward()
         key = (bucket, width)
         if key not in self._priors and (timed := self.timed_ratio(batch, width)) is not None:
-            self._priors[key] = one * timed
+            self._priors[key] = one * timed * self.served_factor(bucket, exclude=width)
         elif key not in self._priors:
             settled = self._settled(bucket)
             below_w, below = next(((w, v) for w, v in reversed(settled) if w < width), (1, one))
             self._priors[key] = max(below, one) + one * self.slope(bucket, exclude=width) * (width - below_w)
         return self._priors[key]
+
+    def served_factor(self, bucket: int, exclude: int | None = None) -> float:
+        """How this bucket's wide steps cost served against their timed ratio to a one-token step
+        served: the mean over its fresh wide cells but `exclude`, weighted by forwards (up to
+        `settle`); 1.0 before any. Under load a wide graph can cost far more than it did alone
+        (its threads preempted, its weights evicted by the other graph's), and then every width
+        not yet run would be tried at the timed price, each a handful of dear steps."""
+        self._per_forward()
+        cells = self._excess.get(bucket)
+        if cells is None:
+            one = self.one_token_ms(1 << bucket)
+            cells = self._excess[bucket] = {} if not one else {
+                w: (v / (one * timed), min(n, self.settle)) for (b, w), v in list(self._ms.items())
+                if b == bucket and w > 1 and (n := self._fresh_n((b, w)))
+                and (timed := self.timed_ratio(1 << bucket, w)) is not None}
+        others = [fn for w, fn in cells.items() if w != exclude]
+        if not others:
+            return 1.0
+        return sum(f * n for f, n in others) / sum(n for _, n in others)
 
     def slope(self, bucket: int, exclude: int | None = None) -> float:
         """What one more token per row costs at this batch bucket, in one-token steps, from every
@@ -214,6 +235,7 @@ class StepCosts:
         if self._priors_at != self.observed:
             self._priors.clear()
             self._ones.clear()
+            self._excess.clear()
             self._priors_at = self.observed
 
     def ratio(self, batch: int, width: int) -> float:

@@ -63,7 +63,7 @@ def test_health_and_models(server):
 
 def test_decode_compiles_in_the_background_then_serves_the_same_tokens(server, local):
     """The replica answered from the start (eagerly) while its (1, 1) decode bucket and its prefill
-    graph compiled on a background thread ("auto"); once /health shows them ready, the prompt
+    graph compiled (or loaded) on a background thread ("auto"); once /health shows them ready, the prompt
     prefills in the prefill graph and one-token steps run compiled, with the tokens the library
     gives."""
     def graphs():
@@ -72,7 +72,9 @@ def test_decode_compiles_in_the_background_then_serves_the_same_tokens(server, l
 
     wait_until(lambda: all(g["ready"] or "error" in g for g in graphs()), 300, interval=1)
     decode, prefill = graphs()
-    assert decode["ready"] and decode["compile_s"] > 0 and (decode["batch"], decode["width"]) == (1, 1), decode
+    assert decode["ready"] and (decode["batch"], decode["width"]) == (1, 1), decode
+    # compiled here, or loaded from the package another test of this run stored (a load can round to 0.0 s)
+    assert decode["cached"] in (True, False) and (decode["cached"] or decode["compile_s"] > 0), decode
     assert prefill["ready"] and prefill.get("prefill") and prefill["width"] == 32, prefill  # prefill_chunk
     r = post(server, "/generate", {"prompt": "def add(a, b):", "max_new_tokens": 20, "lookahead": "off"})
     assert r.status_code == 200, r.text

@@ -3,6 +3,7 @@ logits and the same KV writes, in two buckets (one holding up to a kv bucket's k
 cache's capacity), a graph reused at other widths and key lengths without recompiling, prompt
 chunks in the prefill graph, and steps outside every bucket run eagerly; and the engine on it:
 compiled before the first step ("on") or in the background ("auto")."""
+import subprocess
 import sys
 import threading
 import time
@@ -637,6 +638,41 @@ def test_stored_graphs_all_load_before_any_is_timed(model):
     assert cf.wait(600)
     assert events == [("ready", b) for b in buckets] + [("timed", b) for b in buckets]
     assert all(s["ready"] and s["cached"] and s["timed_alone"] for s in cf.status())
+
+
+_LOAD_AND_STEP = """
+import sys, torch
+from lookahead_core.engine.bucket_staging import Bucket
+from lookahead_core.models.random_models import build_random_model
+from lookahead_core.engine.compiled_forward import CompiledForward
+from tests.lookahead_core.engine.test_compiled_forward import _prefilled, _run, _runner
+# nothing before the graph asks Linux for AMX: oneDNN's matmul and SDPA's bf16 kernels would
+torch.backends.mkldnn.enabled = False
+m = build_random_model("llama", vocab_size=256, dtype=torch.bfloat16, attn_implementation="eager")
+cache = _prefilled(m)
+cf = CompiledForward(m, cache, batch_buckets=(4,), width_buckets=(1,), kv_buckets=(CAP,), lazy=False)
+cf.warmup([Bucket(4, 1, CAP)])
+pred, _ = _run(_runner(cf).decode, cache, 4, 1, 5)
+print(cf.status()[0]["cached"], cf.calls, pred)
+""".replace("CAP", str(CAP))
+
+
+@pytest.mark.compile
+def test_a_bf16_graph_stored_by_one_process_runs_in_a_fresh_one(tmp_path, monkeypatch):
+    """A later start only loads its packages: a bf16 graph of four rows (inductor's GEMM template:
+    AMX kernels where the CPU has AMX, which a process must ask Linux for before its first tile
+    instruction) compiled here runs in a process that loads it and compiles nothing, with this
+    process's tokens."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    m = build_random_model("llama", vocab_size=256, dtype=torch.bfloat16, attn_implementation="eager")
+    cache = _prefilled(m)
+    cf = CompiledForward(m, cache, batch_buckets=(4,), width_buckets=(1,), kv_buckets=(CAP,), lazy=False)
+    cf.warmup([Bucket(4, 1, CAP)])
+    pred, _ = _run(_runner(cf).decode, cache, 4, 1, 5)
+    assert cf.status()[0]["cached"] is False and cf.calls == 1
+    child = subprocess.run([sys.executable, "-c", _LOAD_AND_STEP], capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    assert child.stdout.split("\n")[-2] == f"True 1 {pred}"
 
 
 @pytest.mark.compile

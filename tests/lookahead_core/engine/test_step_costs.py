@@ -210,6 +210,25 @@ def test_a_width_run_settles_on_its_own_timings_and_reverts_to_the_timed_price_w
     assert c.ratio(1, 4) == 3.0  # stale: the timed price, not the prior slope's 1.15
 
 
+def test_wide_widths_not_run_take_the_served_excess_of_those_run():
+    """Alone, widths 2, 4 and 6 cost 1.2x, 1.4x and 1.6x a one-token step; served, width 2 settles
+    at three times its timed price: widths not yet run are priced at three times theirs too (not
+    tried one by one at the price alone), and a width run and settled keeps its own."""
+    c = StepCosts(alpha=1.0, settle=2, stale=100)
+    c.calibrate({16: {1: 40.0, 2: 48.0, 4: 56.0, 6: 64.0}})
+    c.observe(16, 1, 50.0)
+    assert c.ratio(16, 4) == pytest.approx(1.4)  # nothing wide run yet: the timed ratio
+    c.observe(16, 2, 180.0)
+    c.observe(16, 2, 180.0)
+    assert c.served_factor(4) == pytest.approx(180.0 / (50.0 * 1.2))
+    assert c.ratio(16, 4) == pytest.approx(1.4 * 3.0) and c.ratio(16, 6) == pytest.approx(1.6 * 3.0)
+    assert c.ratio(16, 2) == pytest.approx(3.6)  # its own timings
+    assert c.ratio(1, 4) == pytest.approx(1.4)  # another bucket's excess is its own
+    for _ in range(100):  # width 2 stale: widths are tried at their timed price again
+        c.observe(16, 1, 50.0)
+    assert c.served_factor(4) == 1.0 and c.ratio(16, 4) == pytest.approx(1.4)
+
+
 def test_new_timings_restart_their_bucket_only():
     c = StepCosts(alpha=1.0, settle=1)
     c.calibrate({1: {1: 10.0, 2: 20.0}, 4: {1: 20.0, 2: 30.0}})

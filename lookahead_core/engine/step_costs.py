@@ -163,9 +163,10 @@ class StepCosts:
         return self._priors[key]
 
     def served_factor(self, bucket: int, exclude: int | None = None) -> float:
-        """How this bucket's wide steps cost served against their timed ratio to a one-token step
+        """How far this bucket's wide steps cost served above their timed ratio to a one-token step
         served: the mean over its fresh wide cells but `exclude`, weighted by forwards (up to
-        `settle`); 1.0 before any. Under load a wide graph can cost far more than it did alone
+        `settle`), at least 1.0 (a brake only: a few fast first timings must not make every width
+        look cheap); 1.0 before any. Under load a wide graph can cost far more than it did alone
         (its threads preempted, its weights evicted by the other graph's), and then every width
         not yet run would be tried at the timed price, each a handful of dear steps."""
         self._per_forward()
@@ -179,7 +180,7 @@ class StepCosts:
         others = [fn for w, fn in cells.items() if w != exclude]
         if not others:
             return 1.0
-        return sum(f * n for f, n in others) / sum(n for _, n in others)
+        return max(sum(f * n for f, n in others) / sum(n for _, n in others), 1.0)
 
     def slope(self, bucket: int, exclude: int | None = None) -> float:
         """What one more token per row costs at this batch bucket, in one-token steps, from every

@@ -227,6 +227,8 @@ def test_wide_widths_not_run_take_the_served_excess_of_those_run():
     for _ in range(100):  # width 2 stale: widths are tried at their timed price again
         c.observe(16, 1, 50.0)
     assert c.served_factor(4) == 1.0 and c.ratio(16, 4) == pytest.approx(1.4)
+    c.observe(16, 2, 30.0)  # served below its timed price: a brake only, never a spur
+    assert c.served_factor(4) == 1.0 and c.ratio(16, 4) == pytest.approx(1.4)
 
 
 def test_new_timings_restart_their_bucket_only():

@@ -155,6 +155,10 @@ class CompiledForward:
         self.ready: set[Bucket] = set()
         self.ready_changes = 0  # buckets added to or dropped from `ready`, or timed alone, ever
         self.failed: dict[Bucket, str] = {}
+        # Ready graphs the background compile left untimed: the engine's thread times them while
+        # idle (`time_pending`). Timed on the compile thread, a two-thread graph ran beside the
+        # engine thread's OpenMP team, four threads on two cores, and read 2-3x its cost.
+        self.untimed: list[Bucket] = []
         self.busy = False  # set by the engine while it has requests: a background compile slows down
         self.load_share = load_share
         self.beat = 0  # the engine's step count
@@ -294,6 +298,28 @@ class CompiledForward:
         st.timed_alone = bool(st.alone_ms)
         self.ready_changes += 1  # the runner's prices read the new timings
 
+    def time_pending(self) -> bool:
+        """Time one graph the background compile made ready (`time_alone`) on the calling thread,
+        the engine's, while it has no request; True if one was timed."""
+        if self.busy or not self.untimed:
+            return False
+        bucket = self.untimed[0]
+        self.time_alone(bucket)
+        self.untimed.remove(bucket)  # after the timing: the compile thread waits for it (`_await_timing`)
+        return True
+
+    def _await_timing(self, patience_s: float = 5.0) -> None:
+        """On the compile thread, before a compile: wait while the engine's thread times the ready
+        graphs, so that no timing runs beside a compile. Stops waiting once the engine has requests
+        (nothing is timed then) or takes none for `patience_s` (no engine loop calls `time_pending`)."""
+        left, deadline = len(self.untimed), time.monotonic() + patience_s
+        while self.untimed and not self.busy:
+            if len(self.untimed) != left:
+                left, deadline = len(self.untimed), time.monotonic() + patience_s
+            elif time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+
     def _time_alone(self, st: Staging | DynamicStaging, calls: int = 3) -> dict[int, float]:
         """Per width the graph runs at (`timed_widths`), the fastest of a few all-padding calls
         after one untimed call, while the engine has no request: what its steps cost with the cores
@@ -339,8 +365,8 @@ class CompiledForward:
 
     def compile_in_background(self, buckets: Iterable[Bucket | tuple[int, int, int]]) -> threading.Thread:
         """Compile these buckets one by one on a daemon thread while steps run eagerly (those whose
-        package is stored load first, then are timed); each bucket runs compiled from the step
-        after it is ready. Each bucket's first call (the compile) writes
+        package is stored load first); each bucket runs compiled from the step after it is ready,
+        and waits in `untimed` for the engine's thread to time it. Each bucket's first call (the compile) writes
         only scratch columns, so it may overlap the engine's steps. A bucket started while `busy`
         is set (the engine sets it while it has requests) takes `load_share` of the time while the
         engine has requests (0: it waits); one started while the engine is idle runs unpaced to its
@@ -352,19 +378,19 @@ class CompiledForward:
         throttle = CompileThrottle(self, self.load_share)
 
         def work() -> None:
-            # Graphs stored on disk load first, all of them, then are timed: each serves within
-            # seconds of the start. A graph compiled here is timed right after its compile.
+            # Graphs stored on disk load first, all of them: each serves within seconds of the start.
             stored = [b for b in todo if self._stored(b)]
             for b in stored + [b for b in todo if b not in stored]:
+                if b not in stored:
+                    self._await_timing()
                 throttle.attach()
                 try:
-                    self.warmup([b], timed=b not in stored)
+                    self.warmup([b], timed=False)
                 except Exception as exc:  # a bucket that cannot compile keeps running eagerly
                     self.failed[b] = f"{type(exc).__name__}: {exc}"
                     log.exception("compiling %s failed; its steps run without it", b)
-            for b in stored:
                 if b in self.ready:
-                    self.time_alone(b)
+                    self.untimed.append(b)
 
         self._compiler = start_low_priority("compile-decode-buckets", work)
         return self._compiler

@@ -213,6 +213,11 @@ class Engine:
     def has_work(self) -> bool:
         return bool(len(self.scheduler) or self._finished_early)
 
+    def time_idle(self) -> bool:
+        """With no request in, time one compiled graph made ready in the background
+        (`CompiledForward.time_pending`) on this thread, as its steps will run; True if one was."""
+        return self.compiled is not None and not self.has_work() and self.compiled.time_pending()
+
     # ---- the step -------------------------------------------------------------------------
 
     @torch.inference_mode()

@@ -124,7 +124,7 @@ class EngineLoop:
     def run(self, commands: Callable[[float | None], list[Command]], emit: Callable[[Event], None]) -> None:
         engine, depth = self.engine, None
         while True:
-            busy = engine.has_work()
+            busy = engine.has_work() or engine.time_idle()  # after a timing, only a look for commands
             for cmd in commands(None if busy else 0.5):
                 if isinstance(cmd, StopCommand):
                     return

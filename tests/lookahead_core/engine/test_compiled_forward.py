@@ -12,18 +12,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lookahead_core.engine import compiled_forward
 from lookahead_core.engine.bucket_staging import Bucket
 from lookahead_core.engine.compile_setup import CompileThrottle, weights_tag
 from lookahead_core.engine.compiled_forward import CompiledForward
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.engine_loop import EngineThread
 from lookahead_core.engine.exported_step import ExportedStep
 from lookahead_core.engine.kv_cache import BatchKVCache
 from lookahead_core.engine.model_runner import ModelRunner, eager_decode
+from lookahead_core.engine.package_store import PackageStore
 from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.random_models import build_random_model
+from tests.fixtures import wait_until
 
 CAP = 64
 MIN = torch.finfo(torch.float32).min
@@ -512,10 +516,12 @@ def test_engine_requests_complete_when_every_graph_raises(model):
 
 
 @pytest.mark.compile
-def test_engine_compile_auto_serves_while_compiling(model):
+def test_engine_compile_auto_serves_while_compiling(model, tmp_path, monkeypatch):
     """"auto" returns at once: the first requests run eagerly while the bucket compiles on a
     background thread, and run compiled once it is ready, with the same tokens throughout."""
     eager = _serve(Engine(model, EngineConfig(**ENGINE)), PROMPTS[:1], ["off"])
+    # an empty package store: a graph another test stored would load before the first request
+    monkeypatch.setattr(compiled_forward, "PackageStore", lambda: PackageStore(tmp_path))
     engine = Engine(model, EngineConfig(**ENGINE, compile="auto", compile_buckets=[(1, 2)], compile_kv=[32],
                                         compile_prefill=False))
     assert engine.compile_status()[0]["ready"] is False  # the compile has just started
@@ -616,9 +622,11 @@ def test_background_compile_takes_its_share_while_the_engine_steps():
 
 
 @pytest.mark.compile
-def test_stored_graphs_all_load_before_any_is_timed(model):
-    """A background compile loads every graph whose package is stored before it times any: each
-    serves within seconds of the start, not after the ones before it were timed."""
+def test_stored_graphs_all_load_in_the_background_and_are_timed_on_the_engines_thread(model):
+    """A background compile loads every graph whose package is stored (each serves within seconds of
+    the start) and times none: the calling thread, the engine's, times each while it has no request
+    (`time_pending`), one a call, as its steps run (on the compile thread a two-thread graph ran
+    beside the engine thread's OpenMP team and read 2-3x its cost)."""
     buckets = [Bucket(1, 1, 32), Bucket(4, 8, CAP)]
     sizes = {"batch_buckets": (1, 4), "width_buckets": (1, 8), "kv_buckets": (32,), "lazy": False}
     _graphs(model, _prefilled(model), **sizes).warmup(buckets)  # stored (or loaded: stored already)
@@ -626,7 +634,37 @@ def test_stored_graphs_all_load_before_any_is_timed(model):
     events, run, time_alone = [], cf._run, cf._time_alone
 
     def ran(st):
-        events.append(("ready", st.bucket))
+        events.append(("ready", st.bucket, threading.current_thread()))
+        return run(st)
+
+    def timed(st, calls=3):
+        events.append(("timed", st.bucket, threading.current_thread()))
+        return time_alone(st, calls)
+
+    cf._run, cf._time_alone = ran, timed
+    compiler = cf.compile_in_background(buckets)
+    assert cf.wait(600)
+    assert events == [("ready", b, compiler) for b in buckets] and cf.untimed == buckets
+    assert [s["timed_alone"] for s in cf.status()] == [None, None]
+    cf.busy = True  # a request came in: nothing is timed beside it
+    assert not cf.time_pending() and len(events) == 2
+    cf.busy = False
+    assert cf.time_pending() and cf.time_pending() and not cf.time_pending()
+    assert events[2:] == [("timed", b, threading.current_thread()) for b in buckets]
+    assert all(s["ready"] and s["cached"] and s["timed_alone"] for s in cf.status())
+
+
+@pytest.mark.compile
+def test_a_background_compile_waits_for_the_engine_to_time_the_graphs_before_it(model, tmp_path, monkeypatch):
+    """Before each compile the compile thread waits while the engine's thread times the graphs
+    already ready, so no timing runs beside a compile (it would err slow)."""
+    monkeypatch.setattr(compiled_forward, "PackageStore", lambda: PackageStore(tmp_path))  # both compile
+    first, second = Bucket(1, 1, 32), Bucket(4, 8, CAP)
+    cf = _graphs(model, _prefilled(model), batch_buckets=(1, 4), width_buckets=(1, 8), kv_buckets=(32,), lazy=False)
+    events, run, time_alone = [], cf._run, cf._time_alone
+
+    def ran(st):
+        events.append(("compile", st.bucket))
         return run(st)
 
     def timed(st, calls=3):
@@ -634,10 +672,37 @@ def test_stored_graphs_all_load_before_any_is_timed(model):
         return time_alone(st, calls)
 
     cf._run, cf._time_alone = ran, timed
-    cf.compile_in_background(buckets)
-    assert cf.wait(600)
-    assert events == [("ready", b) for b in buckets] + [("timed", b) for b in buckets]
-    assert all(s["ready"] and s["cached"] and s["timed_alone"] for s in cf.status())
+    cf.compile_in_background([first, second])
+    assert wait_until(lambda: cf.untimed == [first], 600)
+    time.sleep(1.0)  # the engine's thread is late: the next compile waits for it
+    assert events == [("compile", first)]
+    assert cf.time_pending()
+    assert cf.wait(600) and events == [("compile", first), ("timed", first), ("compile", second)]
+    assert cf.untimed == [second] and cf.time_pending() and cf.untimed == []
+
+
+@pytest.mark.compile
+def test_an_idle_engine_thread_times_the_graphs_compiled_in_the_background(model):
+    """Served ("auto"), the graphs the background compile makes ready are timed on the engine's
+    own thread between requests, and /health's `alone_ms` then holds their cost."""
+    engine = Engine(model, EngineConfig(**ENGINE, compile="auto", compile_buckets=[(1, 1)], compile_kv=[32],
+                                        compile_prefill=False))
+    threads, time_alone = [], engine.compiled._time_alone
+
+    def timed(st, calls=3):
+        threads.append(threading.current_thread().name)
+        return time_alone(st, calls)
+
+    engine.compiled._time_alone = timed
+    host = EngineThread(engine)
+    host.start(lambda event: None)
+    try:
+        assert engine.compiled.wait(timeout=600)
+        assert wait_until(lambda: engine.compile_status()[0]["timed_alone"] is not None, 30)
+    finally:
+        host.shutdown()
+    (bucket,) = engine.compile_status()
+    assert threads == ["lookahead-engine"] and bucket["timed_alone"] and bucket["alone_ms"][1] > 0
 
 
 _LOAD_AND_STEP = """

@@ -621,6 +621,25 @@ def test_background_compile_takes_its_share_while_the_engine_steps():
     assert 0.3 < shared / idle < 2.5, (shared, idle)
 
 
+def _recorded(cf: CompiledForward) -> list[tuple[str, Bucket, threading.Thread]]:
+    """A list that gets ("compile", bucket, thread) at each graph's first call (its compile or load)
+    and ("timed", bucket, thread) at each timing alone."""
+    events: list[tuple[str, Bucket, threading.Thread]] = []
+    run, time_alone = cf._run, cf._time_alone
+
+    def ran(st):
+        if st.compile_s is None:
+            events.append(("compile", st.bucket, threading.current_thread()))
+        return run(st)
+
+    def timed(st, calls=3):
+        events.append(("timed", st.bucket, threading.current_thread()))
+        return time_alone(st, calls)
+
+    cf._run, cf._time_alone = ran, timed  # type: ignore[method-assign]
+    return events
+
+
 @pytest.mark.compile
 def test_stored_graphs_all_load_in_the_background_and_are_timed_on_the_engines_thread(model):
     """A background compile loads every graph whose package is stored (each serves within seconds of
@@ -631,20 +650,10 @@ def test_stored_graphs_all_load_in_the_background_and_are_timed_on_the_engines_t
     sizes = {"batch_buckets": (1, 4), "width_buckets": (1, 8), "kv_buckets": (32,), "lazy": False}
     _graphs(model, _prefilled(model), **sizes).warmup(buckets)  # stored (or loaded: stored already)
     cf = _graphs(model, _prefilled(model), **sizes)
-    events, run, time_alone = [], cf._run, cf._time_alone
-
-    def ran(st):
-        events.append(("ready", st.bucket, threading.current_thread()))
-        return run(st)
-
-    def timed(st, calls=3):
-        events.append(("timed", st.bucket, threading.current_thread()))
-        return time_alone(st, calls)
-
-    cf._run, cf._time_alone = ran, timed
+    events = _recorded(cf)
     compiler = cf.compile_in_background(buckets)
     assert cf.wait(600)
-    assert events == [("ready", b, compiler) for b in buckets] and cf.untimed == buckets
+    assert events == [("compile", b, compiler) for b in buckets] and cf.untimed == buckets
     assert [s["timed_alone"] for s in cf.status()] == [None, None]
     cf.busy = True  # a request came in: nothing is timed beside it
     assert not cf.time_pending() and len(events) == 2
@@ -661,23 +670,14 @@ def test_a_background_compile_waits_for_the_engine_to_time_the_graphs_before_it(
     monkeypatch.setattr(compiled_forward, "PackageStore", lambda: PackageStore(tmp_path))  # both compile
     first, second = Bucket(1, 1, 32), Bucket(4, 8, CAP)
     cf = _graphs(model, _prefilled(model), batch_buckets=(1, 4), width_buckets=(1, 8), kv_buckets=(32,), lazy=False)
-    events, run, time_alone = [], cf._run, cf._time_alone
-
-    def ran(st):
-        events.append(("compile", st.bucket))
-        return run(st)
-
-    def timed(st, calls=3):
-        events.append(("timed", st.bucket))
-        return time_alone(st, calls)
-
-    cf._run, cf._time_alone = ran, timed
-    cf.compile_in_background([first, second])
+    events = _recorded(cf)
+    compiler = cf.compile_in_background([first, second])
     assert wait_until(lambda: cf.untimed == [first], 600)
     time.sleep(1.0)  # the engine's thread is late: the next compile waits for it
-    assert events == [("compile", first)]
+    assert events == [("compile", first, compiler)]
     assert cf.time_pending()
-    assert cf.wait(600) and events == [("compile", first), ("timed", first), ("compile", second)]
+    assert cf.wait(600) and events == [("compile", first, compiler), ("timed", first, threading.current_thread()),
+                                       ("compile", second, compiler)]
     assert cf.untimed == [second] and cf.time_pending() and cf.untimed == []
 
 
@@ -687,13 +687,7 @@ def test_an_idle_engine_thread_times_the_graphs_compiled_in_the_background(model
     own thread between requests, and /health's `alone_ms` then holds their cost."""
     engine = Engine(model, EngineConfig(**ENGINE, compile="auto", compile_buckets=[(1, 1)], compile_kv=[32],
                                         compile_prefill=False))
-    threads, time_alone = [], engine.compiled._time_alone
-
-    def timed(st, calls=3):
-        threads.append(threading.current_thread().name)
-        return time_alone(st, calls)
-
-    engine.compiled._time_alone = timed
+    events = _recorded(engine.compiled)
     host = EngineThread(engine)
     host.start(lambda event: None)
     try:
@@ -702,7 +696,8 @@ def test_an_idle_engine_thread_times_the_graphs_compiled_in_the_background(model
     finally:
         host.shutdown()
     (bucket,) = engine.compile_status()
-    assert threads == ["lookahead-engine"] and bucket["timed_alone"] and bucket["alone_ms"][1] > 0
+    timings = [thread.name for kind, _, thread in events if kind == "timed"]
+    assert timings == ["lookahead-engine"] and bucket["timed_alone"] and bucket["alone_ms"][1] > 0
 
 
 _LOAD_AND_STEP = """

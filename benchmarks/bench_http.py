@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{1e3 * a['ttft_p50_s']:>8.0f}/{1e3 * o['ttft_p50_s']:<8.0f} {1e3 * a['tpot_p50_s']:>8.1f}/{1e3 * o['tpot_p50_s']:<8.1f} "
               f"{a['compression']:>10.2f} {level['errors']:>6}",
               flush=True)
+        for sample in {e for p in phases for e in p["error_samples"]}:
+            print(f"      error: {sample}")
     after = requests.get(args.url + "/health", timeout=30).json()
     print(f"replica RSS after: {after['replica']['rss_mb']} MB (same pid: {after['replica']['pid'] == health['replica']['pid']}); "
           f"step costs ms: {after.get('step_costs_ms')}")

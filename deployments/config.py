@@ -122,6 +122,11 @@ class AppArgs(BaseModel):
                                   "replica's node: the replica's own process (with the engine in a process of its "
                                   "own) and Serve's proxy (Ray starts them at 15, where a step on every core starved "
                                   "them); null keeps Ray's")
+    pin_cores: bool = Field(
+        False, description="bind the engine's stepping thread to its torch threads' cores and the HTTP stack on its "
+                           "node (the replica's process, Serve's proxy) to the rest; needs engine_process, the "
+                           "replica on every core, and every step on fewer threads than cores (a step of 8 "
+                           "sequences or more then runs on torch_threads too)")
     engine_process: bool = Field(
         True, description="the engine steps in a process of its own (its step never waits for the replica's Python, "
                           "the GIL); false: on a thread of the replica's process")
@@ -132,4 +137,5 @@ class AppArgs(BaseModel):
 
     def core_plan(self, cores: int | None = None) -> CorePlan:
         return CorePlan.build(self.num_cpus, self.torch_threads, self.nice, cores, own_process=self.engine_process,
-                              large_batch_threads=self.large_batch_threads, http_nice=self.http_nice)
+                              large_batch_threads=self.large_batch_threads, http_nice=self.http_nice,
+                              pin_cores=self.pin_cores)

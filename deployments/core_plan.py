@@ -19,6 +19,10 @@ on the same machine) stalls the whole step. The rules, measured in docs/BENCHMAR
   (`apply_http`, in the replica's process). Left at Ray's 15, a step on every core starved them
   (a request's first token came 8x later than in-process at 16 users); at the engine's 0 they
   preempt its steps more (docs/BENCHMARKS.md, "The HTTP stack above Ray's priority").
+* `pin_cores` (off by default) binds the engine's stepping thread to its threads' cores and the
+  HTTP stack on its node to the rest, as vLLM's CPU server binds its model thread; every step then
+  runs on `torch_threads`. On two cores it served as fast as the unbound plan with one thread
+  (docs/BENCHMARKS.md, "One thread bound to one core"), so it stays an option.
 
 The plan is applied where the engine steps (`apply`: in the engine's process, or the replica's).
 `torch_threads` in the app args overrides the thread rule; `nice: null` and `http_nice: null` leave
@@ -42,12 +46,12 @@ PROXY_TITLE = b"ray::ProxyActor"  # the process title Ray gives Serve's proxy ac
 log = logging.getLogger("ray.serve")
 
 
-def visible_cores() -> int:
-    """Cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+def visible_cores() -> tuple[int, ...]:
+    """The cores this process may run on (its affinity mask, which containers and taskset narrow)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return tuple(sorted(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return tuple(range(os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -60,36 +64,53 @@ class CorePlan:
     own_process: bool = True   # the engine steps in a process of its own (which `apply` runs in)
     large_batch_threads: int | None = None  # torch threads of a step of LARGE_BATCH sequences or more
     http_nice: int | None = 5  # priority asked for the replica's event loop and Serve's proxy (None: Ray's)
+    engine_cores: tuple[int, ...] | None = None  # the engine's stepping thread bound to these (None: not bound)
+    http_cores: tuple[int, ...] | None = None    # and the HTTP stack on this node to these
 
     @classmethod
     def build(cls, num_cpus: float, torch_threads: int | None = None, nice: int | None = 0,
               cores: int | None = None, own_process: bool = True, large_batch_threads: int | None = None,
-              http_nice: int | None = 5) -> CorePlan:
-        cores = cores or visible_cores()
-        asked = max(1, int(num_cpus))
+              http_nice: int | None = 5, pin_cores: bool = False) -> CorePlan:
+        ids = visible_cores()
+        ids = ids if cores is None else ids[:cores] if len(ids) >= cores else tuple(range(cores))
+        cores, asked = len(ids), max(1, int(num_cpus))
         if torch_threads is not None:
             threads, reason = torch_threads, "torch_threads set in the app args"
         elif asked >= cores > 1:
             threads, reason = cores - 1, f"the replica has all {cores} cores: one is left to the HTTP stack"
-            if large_batch_threads is None:
+            if large_batch_threads is None and not pin_cores:
                 large_batch_threads = cores
                 reason += f", but a step of {LARGE_BATCH} sequences or more runs on all {cores}"
         else:
             threads, reason = min(asked, cores), f"one thread per core asked for (num_cpus {num_cpus:g})"
-        return cls(cores, num_cpus, threads, nice, reason, own_process, large_batch_threads, http_nice)
+        engine_cores = http_cores = None
+        if pin_cores:
+            widest = max(threads, large_batch_threads or threads)
+            if not (own_process and asked >= cores > widest):
+                raise ValueError(
+                    f"pin_cores binds the engine to {widest} of this node's {cores} cores and the HTTP stack to the "
+                    f"rest: it needs engine_process true, num_cpus >= {cores} (got {num_cpus:g}) and every step on "
+                    f"fewer threads than cores (torch_threads {threads}, large_batch_threads {large_batch_threads})")
+            engine_cores, http_cores = ids[:widest], ids[widest:]
+            reason += f"; the engine bound to cores {list(engine_cores)}, the HTTP stack to {list(http_cores)}"
+        return cls(cores, num_cpus, threads, nice, reason, own_process, large_batch_threads, http_nice,
+                   engine_cores, http_cores)
 
     def step_threads(self) -> StepThreads:
         """The engine's threads per forward: `torch_threads`, or `large_batch_threads` from
         LARGE_BATCH sequences up."""
+        compile_cores = None if self.engine_cores is None else frozenset(self.engine_cores + (self.http_cores or ()))
         if self.large_batch_threads is None or self.large_batch_threads == self.torch_threads:
-            return StepThreads(self.torch_threads)
-        return StepThreads(self.torch_threads, LARGE_BATCH, self.large_batch_threads)
+            return StepThreads(self.torch_threads, compile_cores=compile_cores)
+        return StepThreads(self.torch_threads, LARGE_BATCH, self.large_batch_threads, compile_cores)
 
     def apply(self) -> dict:
-        """Set torch's threads and this process's priority (the engine's process); returns what took
-        effect (for /health)."""
+        """Set torch's threads, this process's priority and (`engine_cores`) the cores of the calling
+        thread, the one that steps, and of those it starts; returns what took effect (for /health)."""
         torch.set_num_threads(self.torch_threads)
         applied = renice(self.nice) if self.nice is not None else None
+        if self.engine_cores is not None:
+            os.sched_setaffinity(0, self.engine_cores)
         status = {**asdict(self), "nice_now": os.getpriority(os.PRIO_PROCESS, 0)}
         if self.nice is not None and applied != self.nice:
             status["nice_error"] = f"could not set nice {self.nice} (no CAP_SYS_NICE): the replica stays at {applied}"
@@ -100,11 +121,14 @@ class CorePlan:
     def apply_http(self) -> dict:
         """Move the HTTP stack on this node to `http_nice`: this process (the replica's, when the
         engine steps in another) and Serve's proxies here. Returns what took effect (for /health)."""
-        if self.http_nice is None:
-            return {}
         pids = ([] if not self.own_process else [os.getpid()]) + serve_proxies()
+        status: dict = {}
+        if self.http_cores is not None:
+            status["http_cores_now"] = {_name(pid): bind(self.http_cores, pid) for pid in pids}
+        if self.http_nice is None:
+            return status
         now = {pid: renice(self.http_nice, pid) for pid in pids}
-        status: dict = {"http_nice_now": {"replica" if pid == os.getpid() else f"proxy {pid}": n for pid, n in now.items()}}
+        status["http_nice_now"] = {_name(pid): n for pid, n in now.items()}
         if any(n != self.http_nice for n in now.values()):
             status["http_nice_error"] = (f"could not set nice {self.http_nice} on the HTTP stack (no CAP_SYS_NICE): "
                                          "under load a step on every core delays its streams")
@@ -122,6 +146,22 @@ def serve_proxies() -> list[int]:
                     if f.read(64).startswith(PROXY_TITLE):
                         pids.append(int(entry))
     return pids
+
+
+def _name(pid: int) -> str:
+    return "replica" if pid == os.getpid() else f"proxy {pid}"
+
+
+def bind(cores: tuple[int, ...], pid: int) -> list[int]:
+    """Every thread of process `pid` to `cores` (affinity too is per thread; later threads inherit
+    their creator's). Returns the process's cores afterwards."""
+    for tid in _threads(pid):
+        with contextlib.suppress(OSError):  # a thread may have exited
+            os.sched_setaffinity(tid, cores)
+    try:
+        return sorted(os.sched_getaffinity(pid))
+    except OSError:
+        return list(cores)
 
 
 def renice(nice: int, pid: int | None = None) -> int:

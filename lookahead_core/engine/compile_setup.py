@@ -191,12 +191,15 @@ def recompile_limit(graphs: int) -> dict:
     return {}
 
 
-def start_low_priority(name: str, work: Callable[[], None]) -> threading.Thread:
-    """Run `work` on a daemon thread at the lowest priority (it paces itself: `CompileThrottle`)."""
+def start_low_priority(name: str, work: Callable[[], None], cores: frozenset[int] | None = None) -> threading.Thread:
+    """Run `work` on a daemon thread at the lowest priority (it paces itself: `CompileThrottle`),
+    on `cores` where given (a thread inherits its creator's cores: the engine's may be bound to fewer)."""
 
     def run() -> None:
         with contextlib.suppress(OSError, AttributeError):  # the compiler's subprocesses too
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            if cores:
+                os.sched_setaffinity(0, cores)  # this thread only, and what it starts
         work()
 
     thread = threading.Thread(target=run, name=name, daemon=True)

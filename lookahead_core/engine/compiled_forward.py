@@ -392,7 +392,8 @@ class CompiledForward:
                 if b in self.ready:
                     self.untimed.append(b)
 
-        self._compiler = start_low_priority("compile-decode-buckets", work)
+        cores = self.threads.compile_cores if self.threads is not None else None
+        self._compiler = start_low_priority("compile-decode-buckets", work, cores)
         return self._compiler
 
     def _stored(self, bucket: Bucket) -> bool:

@@ -15,6 +15,7 @@ class StepThreads:
     threads: int
     large_batch: int | None = None
     large_threads: int | None = None
+    compile_cores: frozenset[int] | None = None  # where the engine's thread is bound to fewer: a background compile's
 
     def for_batch(self, rows: int, prefill: bool = False) -> int:
         if self.large_batch is not None and self.large_threads is not None and (prefill or rows >= self.large_batch):

@@ -1,8 +1,11 @@
 """The replica's core plan: how many torch threads on how many cores, and the priority it takes."""
 import json
 import os
+import re
 import subprocess
 import sys
+
+import pytest
 
 from deployments.config import AppArgs
 from deployments.core_plan import CorePlan
@@ -55,7 +58,7 @@ print(json.dumps({"status": status, "threads": threads, "later": later, "torch":
     assert set(out["threads"]) == {7} and out["later"] == [7]  # threads started later inherit it
 
 
-def test_apply_http_moves_this_process_and_the_serve_proxies_here_to_http_nice():
+def test_apply_http_moves_this_process_and_the_serve_proxies_here_to_http_nice_and_http_cores():
     """The replica's process (the engine steps in another) and every process titled as Serve's proxy:
     a stand-in proxy here, under a title of its own so a real one on this machine is left alone."""
     title = "ray::ProxyActorStandIn"
@@ -72,8 +75,52 @@ print(json.dumps({{"status": status, "own": os.getpriority(os.PRIO_PROCESS, 0), 
         assert out["own"] == 9 and os.getpriority(os.PRIO_PROCESS, proxy.pid) == 9
         assert out["status"]["http_nice_now"] == {"replica": 9, f"proxy {proxy.pid}": 9}
         assert "http_nice_error" not in out["status"]
+        code = code.replace("http_nice=9", "pin_cores=True")
+        out = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+        http = sorted(os.sched_getaffinity(0))[1:2]
+        assert out["status"]["http_cores_now"] == {"replica": http, f"proxy {proxy.pid}": http}
+        assert sorted(os.sched_getaffinity(proxy.pid)) == http
     finally:
         proxy.kill()
         proxy.wait()
     # null leaves Ray's priority
     assert CorePlan.build(num_cpus=2, cores=2, http_nice=None).apply_http() == {}
+
+
+def test_pin_cores_binds_the_engine_to_its_threads_cores_and_the_http_stack_to_the_rest():
+    plan = AppArgs(num_cpus=2, pin_cores=True).core_plan(cores=2)
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    assert plan.engine_cores == (first,) and plan.http_cores == (second,) and "bound to cores" in plan.reason
+    threads = plan.step_threads()  # every step on the engine's one core; a background compile on both
+    assert [threads.for_batch(b) for b in (1, 16)] == [1, 1] and threads.for_batch(1, prefill=True) == 1
+    assert threads.compile_cores == {first, second}
+    assert AppArgs(num_cpus=2).core_plan(cores=2).engine_cores is None  # off unless asked
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    ({"large_batch_threads": 2}, "large_batch_threads 2"),
+    ({"torch_threads": 2}, "torch_threads 2"),
+    ({"engine_process": False}, "engine_process"),
+    ({"num_cpus": 1}, "num_cpus >= 2 (got 1)"),
+])
+def test_pin_cores_where_it_cannot_bind_is_refused_at_start_naming_why(args, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        AppArgs(**{"num_cpus": 2, "pin_cores": True, **args}).core_plan(cores=2)
+
+
+def test_pinned_apply_binds_the_stepping_thread_and_a_background_compile_takes_every_core():
+    code = """
+import json, os, threading
+from deployments.core_plan import CorePlan
+from lookahead_core.engine.compile_setup import start_low_priority
+plan = CorePlan.build(num_cpus=2, cores=2, pin_cores=True)
+status = plan.apply()
+later, compile = [], []
+w = threading.Thread(target=lambda: later.append(sorted(os.sched_getaffinity(0)))); w.start(); w.join()
+start_low_priority("c", lambda: compile.append(sorted(os.sched_getaffinity(0))), plan.step_threads().compile_cores).join()
+print(json.dumps({"status": status, "own": sorted(os.sched_getaffinity(0)), "later": later, "compile": compile}))
+"""
+    out = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    assert out["own"] == out["later"][0] == out["status"]["engine_cores"] == [first]
+    assert out["compile"] == [[first, second]]

@@ -72,7 +72,7 @@ class CorePlan:
               cores: int | None = None, own_process: bool = True, large_batch_threads: int | None = None,
               http_nice: int | None = 5, pin_cores: bool = False) -> CorePlan:
         ids = visible_cores()
-        ids = ids if cores is None else ids[:cores] if len(ids) >= cores else tuple(range(cores))
+        ids = ids if not cores else ids[:cores] if len(ids) >= cores else tuple(range(cores))
         cores, asked = len(ids), max(1, int(num_cpus))
         if torch_threads is not None:
             threads, reason = torch_threads, "torch_threads set in the app args"

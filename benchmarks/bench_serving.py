@@ -16,7 +16,9 @@ planner prices widths from those timings).
     python -m benchmarks.bench_serving --servers ours --ours-url http://127.0.0.1:8000   # a running server
 
 Throughput is completion tokens over the time from a level's first request to its last answer;
-TTFT is the first text chunk, TPOT the time per token after it, e2e the whole request.
+TTFT is the first text chunk, TPOT the time per token after it, e2e the whole request. After each
+of our levels the server's cost table is read: the level's one-token step served, against the same
+graph timed alone on the engine's thread, is printed last.
 """
 from __future__ import annotations
 
@@ -226,6 +228,23 @@ def ratios(rows: list[dict]) -> list[str]:
     return lines
 
 
+def served_against_alone(rows: list[dict], health: dict) -> list[str]:
+    """Each of our levels' one-token step at its users' batch: the planner's served cost right after
+    the level against the same graph timed alone on the engine's thread at the start."""
+    alone = {b["batch"]: b["alone_ms"]["1"] for b in health.get("compiled_decode", {}).get("buckets") or []
+             if (b.get("alone_ms") or {}).get("1")}
+    lines = []
+    for r in rows:
+        if not r["server"].startswith("ours-"):  # in-process and vLLM rows were not served by ours
+            continue
+        bucket = 1 << (r["users"] - 1).bit_length()  # the cost table's batch bucket of `users` sequences
+        served = (r.get("step_costs_ms") or {}).get(f"b{bucket}t1")
+        if served and bucket in alone:
+            lines.append(f"{r['server']:<12} {r['users']:>3} users: b{bucket}t1 served {served:.1f} ms, "
+                         f"alone {alone[bucket]:.1f} ms: {served / alone[bucket]:.2f}x")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default="in-process,ours,vllm", help="which to run, in this order")
@@ -295,6 +314,7 @@ def main(argv: list[str] | None = None) -> dict:
                 for u in users:  # the modes side by side at each level: a host that drifts moves both
                     for mode in args.modes.split(","):
                         rows += run_levels(url, f"ours-{mode}", prompts, [u], args.max_tokens, name, {"lookahead": mode})
+                        rows[-1]["step_costs_ms"] = requests.get(url + "/health", timeout=30).json().get("step_costs_ms", {})
                 after = requests.get(url + "/health", timeout=30).json()
                 print(f"ours after: step_costs_ms={json.dumps(after.get('step_costs_ms'))}", flush=True)
                 health["after"] = after
@@ -332,7 +352,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(fmt(r) if "ttft" in r else f"{r['server']:<12} {r['users']:>5} {r['tokens_per_s']:>8.1f}")
     for line in ratios(rows):
         print(line)
-    report = {"args": vars(args), "health": health, "rows": rows, "ratios": ratios(rows)}
+    served_steps = served_against_alone(rows, health)
+    if served_steps:
+        print("one-token steps served against alone:")
+        for line in served_steps:
+            print("  " + line)
+    report = {"args": vars(args), "health": health, "rows": rows, "ratios": ratios(rows), "served_steps": served_steps}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))

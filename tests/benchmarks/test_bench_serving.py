@@ -16,3 +16,19 @@ def test_levels_send_each_prompt_once_and_compare_auto_with_off(server, tmp_path
     auto, off = rows[2]["tokens_per_s"], rows[3]["tokens_per_s"]
     assert f"auto/off tok/s {auto / off:.2f}x" in report["ratios"][1]
     assert report["health"]["model"] == "tiny" and (tmp_path / "serving.json").exists()
+    assert all(isinstance(r["step_costs_ms"], dict) for r in rows)  # the server's costs right after each level
+    assert report["served_steps"] == bench_serving.served_against_alone(rows, report["health"])
+
+
+def test_served_steps_hold_each_level_against_its_batch_timed_alone():
+    health = {"compiled_decode": {"buckets": [{"batch": 1, "alone_ms": {"1": 20.0}}, {"batch": 4, "alone_ms": {"1": 25.0}},
+                                              {"batch": 8, "alone_ms": {"4": 40.0}}, {"batch": 16, "alone_ms": {}}]}}
+    rows = [{"server": "ours-auto", "users": 1, "step_costs_ms": {"b1t1": 23.0, "b4t1": 99.0}},
+            {"server": "ours-off", "users": 3, "step_costs_ms": {"b4t1": 30.0}},  # 3 users step in the batch-4 bucket
+            {"server": "ours-auto", "users": 8, "step_costs_ms": {"b8t1": 50.0}},  # no one-token timing alone
+            {"server": "ours-auto", "users": 16, "step_costs_ms": {}},
+            {"server": "vllm", "users": 1, "tokens_per_s": 30.0},
+            {"server": "in-process-off", "users": 1, "step_costs_ms": {"b1t1": 21.0}}]  # not served
+    assert bench_serving.served_against_alone(rows, health) == [
+        "ours-auto      1 users: b1t1 served 23.0 ms, alone 20.0 ms: 1.15x",
+        "ours-off       3 users: b4t1 served 30.0 ms, alone 25.0 ms: 1.20x"]

@@ -114,7 +114,7 @@ class AppArgs(BaseModel):
     torch_threads: int | None = Field(
         None, ge=1, description="torch threads per replica; default: the core plan's (deployments/core_plan.py)")
     large_batch_threads: int | None = Field(
-        None, ge=1, description="torch threads of a step of 16 sequences or more (its graphs compiled for them); "
+        None, ge=1, description="torch threads of a step of 8 sequences or more (its graphs compiled for them); "
                                 "default: the core plan's (every core where the replica has them all)")
     nice: int | None = Field(0, ge=-20, le=19, description="the engine's scheduling priority (Ray starts actors at 15); "
                                                            "null keeps Ray's")

@@ -10,9 +10,7 @@ on the same machine) stalls the whole step. The rules, measured in docs/BENCHMAR
   engine in a process of its own too: there, a thread on every core starved the HTTP stack.
 * Except a step of LARGE_BATCH sequences or more, and a prompt chunk, where the replica has every
   core: they run on all of them (`large_batch_threads`). Such a forward is long, and the HTTP stack
-  catches up between them (CHANGELOG.md, "Graphs as packages on disk"). A step of 8 sequences
-  served no faster on two threads than on one: the HTTP stack's work preempts one of the two, and
-  the other waits for it (docs/BENCHMARKS.md, "Two threads from 16 sequences").
+  catches up between them (CHANGELOG.md, "Graphs as packages on disk").
 * Ray starts actors at nice 15 and its own raylet and GCS at nice 0, so every Ray heartbeat would
   preempt a step. The engine's threads move to `nice` (0 by default), where the process may raise
   its priority (root or CAP_SYS_NICE).
@@ -43,7 +41,7 @@ import torch
 
 from lookahead_core.engine.step_threads import StepThreads
 
-LARGE_BATCH = 16
+LARGE_BATCH = 8
 PROXY_TITLE = b"ray::ProxyActor"  # the process title Ray gives Serve's proxy actor
 log = logging.getLogger("ray.serve")
 

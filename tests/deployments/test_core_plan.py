@@ -33,7 +33,7 @@ def test_torch_threads_in_the_app_args_override_the_rule():
 def test_a_replica_with_every_core_runs_steps_of_many_sequences_on_all_of_them():
     plan = AppArgs(num_cpus=2).core_plan(cores=2)
     threads = plan.step_threads()
-    assert plan.torch_threads == 1 and [threads.for_batch(b) for b in (1, 8, 15, 16)] == [1, 1, 1, 2]
+    assert plan.torch_threads == 1 and [threads.for_batch(b) for b in (1, 7, 8, 16)] == [1, 1, 2, 2]
     assert AppArgs(num_cpus=2, large_batch_threads=1).core_plan(cores=2).step_threads().for_batch(16) == 1
     assert AppArgs(num_cpus=2, torch_threads=2).core_plan(cores=2).step_threads().for_batch(16) == 2
     assert AppArgs(num_cpus=4).core_plan(cores=16).step_threads().for_batch(16) == 4  # part of the machine

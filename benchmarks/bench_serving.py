@@ -16,9 +16,9 @@ planner prices widths from those timings).
     python -m benchmarks.bench_serving --servers ours --ours-url http://127.0.0.1:8000   # a running server
 
 Throughput is completion tokens over the time from a level's first request to its last answer;
-TTFT is the first text chunk, TPOT the time per token after it, e2e the whole request. After each
-of our levels the server's cost table is read: the level's one-token step served, against the same
-graph timed alone on the engine's thread, is printed last.
+TTFT is the first text chunk, TPOT the time per token after it, e2e the whole request. Around each
+of our levels the server's forward totals are read: the level's mean one-token step served, against
+the same graph timed alone on the engine's thread, is printed last.
 """
 from __future__ import annotations
 
@@ -228,9 +228,20 @@ def ratios(rows: list[dict]) -> list[str]:
     return lines
 
 
+def level_costs(before: dict, after: dict) -> tuple[dict[str, float], dict[str, int]]:
+    """The mean ms and the count of the forwards of each cell run between two reads of `/health`
+    `step_totals_ms` ({cell: (sum, count)}, over the engine's life)."""
+    means, counts = {}, {}
+    for cell, (total, n) in after.items():
+        was_total, was_n = before.get(cell, (0.0, 0))
+        if n > was_n:
+            means[cell], counts[cell] = round((total - was_total) / (n - was_n), 3), n - was_n
+    return means, counts
+
+
 def served_against_alone(rows: list[dict], health: dict) -> list[str]:
-    """Each of our levels' one-token step at its users' batch: the planner's served cost right after
-    the level against the same graph timed alone on the engine's thread at the start."""
+    """Each of our levels' one-token step at its users' batch: its mean served cost over the level
+    against the same graph timed alone on the engine's thread at the start."""
     alone = {b["batch"]: b["alone_ms"]["1"] for b in health.get("compiled_decode", {}).get("buckets") or []
              if (b.get("alone_ms") or {}).get("1")}
     lines = []
@@ -240,8 +251,9 @@ def served_against_alone(rows: list[dict], health: dict) -> list[str]:
         bucket = 1 << (r["users"] - 1).bit_length()  # the cost table's batch bucket of `users` sequences
         served = (r.get("step_costs_ms") or {}).get(f"b{bucket}t1")
         if served and bucket in alone:
-            lines.append(f"{r['server']:<12} {r['users']:>3} users: b{bucket}t1 served {served:.1f} ms, "
-                         f"alone {alone[bucket]:.1f} ms: {served / alone[bucket]:.2f}x")
+            forwards = (r.get("step_forwards") or {}).get(f"b{bucket}t1")
+            lines.append(f"{r['server']:<12} {r['users']:>3} users: b{bucket}t1 served {served:.1f} ms"
+                         f"{f' ({forwards} forwards)' if forwards else ''}, alone {alone[bucket]:.1f} ms: {served / alone[bucket]:.2f}x")
     return lines
 
 
@@ -263,7 +275,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--vllm-args", default="--max-model-len 1024 --max-num-seqs 16",
                     help="extra vLLM server arguments")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--ready-timeout", type=float, default=1200, help="seconds for a server to be ready")
+    ap.add_argument("--ready-timeout", type=float, default=2400,
+                    help="seconds for a server to be ready (ours compiles its ten graphs in ~20 minutes on 2 cores where none is stored)")
     ap.add_argument("--logs", default="results/bench_serving")
     ap.add_argument("--json", default=None)
     ap.add_argument("--in-process-only", default=None, help=argparse.SUPPRESS)  # the in-process phase's own process
@@ -313,8 +326,10 @@ def main(argv: list[str] | None = None) -> dict:
                 print(HEADER, flush=True)
                 for u in users:  # the modes side by side at each level: a host that drifts moves both
                     for mode in args.modes.split(","):
+                        before = requests.get(url + "/health", timeout=30).json().get("step_totals_ms", {})
                         rows += run_levels(url, f"ours-{mode}", prompts, [u], args.max_tokens, name, {"lookahead": mode})
-                        rows[-1]["step_costs_ms"] = requests.get(url + "/health", timeout=30).json().get("step_costs_ms", {})
+                        after_level = requests.get(url + "/health", timeout=30).json().get("step_totals_ms", {})
+                        rows[-1]["step_costs_ms"], rows[-1]["step_forwards"] = level_costs(before, after_level)
                 after = requests.get(url + "/health", timeout=30).json()
                 print(f"ours after: step_costs_ms={json.dumps(after.get('step_costs_ms'))}", flush=True)
                 health["after"] = after

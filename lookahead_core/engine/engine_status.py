@@ -33,6 +33,7 @@ def engine_status(engine: Engine) -> dict:
         "history": engine.knowledge.status(),
         "prefix_cache": None if engine.prefixes is None else engine.prefixes.status(),
         "step_costs_ms": engine.runner.costs.table(),
+        "step_totals_ms": engine.runner.costs.totals(),
         "step_time_ms": step_time(engine),
         "compiled_decode": {"mode": engine.config.compile, "buckets": engine.compile_status(),
                             "eager_forwards": engine.runner.eager_forwards if compiled else None,

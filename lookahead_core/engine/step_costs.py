@@ -48,6 +48,7 @@ class StepCosts:
         self._n: dict[tuple[int, int], int] = {}
         self._ms: dict[tuple[int, int], float] = {}
         self._seen: dict[tuple[int, int], int] = {}  # the forward count at each cell's latest forward
+        self._totals: dict[tuple[int, int], tuple[float, int]] = {}  # every forward's ms, summed, and their count
         self._narrowest: dict[int, int] = {}  # per batch bucket, the narrowest measured width
         self._widest: dict[int, int] = {}
         self._priors: dict[tuple[int, int], float] = {}  # prior_ms per (bucket, width) at forward `_priors_at`
@@ -68,6 +69,8 @@ class StepCosts:
         old = self._ms.get(key) if n else None
         self._ms[key] = ms if old is None else old + self.alpha * (min(ms, self.clip * old) - old)
         self._n[key] = n + 1
+        total, count = self._totals.get(key, (0.0, 0))
+        self._totals[key] = (total + ms, count + 1)
         self.observed += 1
         self._seen[key] = self.observed
         self.last = (batch, width, ms)
@@ -279,3 +282,10 @@ class StepCosts:
         """Measured cells as {"b<bucket>t<width>": ms}, for health pages and benchmarks."""
         cells = dict(self._ms)  # one copy: the engine thread may be adding cells
         return {f"b{1 << b}t{w}": round(v, 3) for (b, w), v in sorted(cells.items())}
+
+    def totals(self) -> dict[str, tuple[float, int]]:
+        """Every forward's ms per cell, unclipped, as {"b<bucket>t<width>": (sum, count)} over the
+        engine's life: two reads' difference is the plain mean over the window between them (a
+        benchmark level's), where `table`'s running mean weighs the last forwards most."""
+        cells = dict(self._totals)
+        return {f"b{1 << b}t{w}": (round(v, 3), n) for (b, w), (v, n) in sorted(cells.items())}

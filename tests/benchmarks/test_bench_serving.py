@@ -16,7 +16,8 @@ def test_levels_send_each_prompt_once_and_compare_auto_with_off(server, tmp_path
     auto, off = rows[2]["tokens_per_s"], rows[3]["tokens_per_s"]
     assert f"auto/off tok/s {auto / off:.2f}x" in report["ratios"][1]
     assert report["health"]["model"] == "tiny" and (tmp_path / "serving.json").exists()
-    assert all(isinstance(r["step_costs_ms"], dict) for r in rows)  # the server's costs right after each level
+    assert all(isinstance(r["step_costs_ms"], dict) for r in rows)  # each level's own forwards, their mean
+    assert rows[1]["step_forwards"]["b1t1"] > 0 and rows[1]["step_costs_ms"]["b1t1"] > 0  # "off", one user: one-token steps
     assert report["served_steps"] == bench_serving.served_against_alone(rows, report["health"])
 
 
@@ -32,3 +33,9 @@ def test_served_steps_hold_each_level_against_its_batch_timed_alone():
     assert bench_serving.served_against_alone(rows, health) == [
         "ours-auto      1 users: b1t1 served 23.0 ms, alone 20.0 ms: 1.15x",
         "ours-off       3 users: b4t1 served 30.0 ms, alone 25.0 ms: 1.20x"]
+
+
+def test_level_costs_are_the_mean_of_the_forwards_between_two_reads():
+    before = {"b1t1": (100.0, 10), "b4t1": (60.0, 2)}
+    after = {"b1t1": (160.0, 13), "b4t1": (60.0, 2), "b8t1": (90.0, 3)}  # b4t1 did not run; b8t1 first ran
+    assert bench_serving.level_costs(before, after) == ({"b1t1": 20.0, "b8t1": 30.0}, {"b1t1": 3, "b8t1": 3})

@@ -38,6 +38,8 @@ def test_health_and_models(server):
     proxies = [n for who, n in plan["http_nice_now"].items() if who.startswith("proxy ")]
     assert proxies and set(proxies) == {5}
     assert h["step_costs_ms"]["b1t1"] > 0  # the warm-up's forwards, measured
+    total, count = h["step_totals_ms"]["b1t1"]
+    assert count > 0 and total >= count * 0.01  # every forward summed and counted
     step = h["step_time_ms"]  # per step: decode forward, prefill forward and the host's share beside them
     assert step["steps"] > 0 and step["forward"] > 0 and step["prefill"] > 0 and step["host"] > 0
     history = h["history"]  # the replica's cross-request tables, bounded and sized

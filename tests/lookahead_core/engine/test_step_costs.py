@@ -24,6 +24,15 @@ def test_ratio_is_measured_per_batch_bucket():
     assert costs.table() == {"b1t1": 10.0, "b1t9": 20.0, "b4t1": 30.0, "b4t9": 90.0}
 
 
+def test_totals_sum_every_forward_unclipped_where_the_mean_is_clipped():
+    costs = StepCosts(alpha=0.5, clip=2.0)
+    for ms in (10.0, 10.0, 100.0):  # one slow forward: the mean counts it as 20
+        costs.observe(1, 1, ms)
+    costs.observe(3, 2, 7.0)
+    assert costs.table() == {"b1t1": 15.0, "b4t2": 7.0}
+    assert costs.totals() == {"b1t1": (120.0, 3), "b4t2": (7.0, 1)}
+
+
 def test_an_unmeasured_width_costs_the_widest_narrower_one_plus_the_slope():
     costs = StepCosts(alpha=1.0, settle=1, prior_slope=0.05)
     costs.observe(1, 1, 10.0)

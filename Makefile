@@ -33,7 +33,7 @@ lint: install
 
 # Ray on a small machine: no usage reporting, no token auth for a local cluster.
 serve: install
-	RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled $(VENV)/bin/serve run serve_config.yaml
+	set -a && . ./configs/ray.env && set +a && $(VENV)/bin/serve run serve_config.yaml
 
 bench: install
 	$(PY) -m benchmarks.bench_decode --prompts benchmarks/prompts/chat.jsonl --chat --num-prompts 16

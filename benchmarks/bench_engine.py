@@ -32,7 +32,10 @@ from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.loading import DEFAULT_MODEL, load_model
 
 
-def run_engine(engine: Engine, prompts, concurrency: int, requests: int, max_new: int, params) -> dict:
+def run_engine(engine: Engine, prompts, concurrency: int, requests: int, max_new: int, params,
+               eos: int | list[int] | None = None) -> dict:
+    """`requests` of `prompts` (token ids, cycled), `concurrency` in flight; each stops at
+    `max_new` tokens, or at `eos` where given."""
     engine.knowledge.clear()  # every run starts cold: no run decodes text an earlier one saw, nor its rates
     pending = deque(range(requests))
     added, latencies, tokens, inflight = {}, [], 0, 0
@@ -40,7 +43,7 @@ def run_engine(engine: Engine, prompts, concurrency: int, requests: int, max_new
     while pending or engine.has_work():
         while pending and inflight < concurrency:
             i = pending.popleft()
-            engine.add_request(EngineRequest(i, tuple(prompts[i % len(prompts)]), StopCondition(max_new),
+            engine.add_request(EngineRequest(i, tuple(prompts[i % len(prompts)]), StopCondition.build(max_new, eos),
                                              params if params is not None else "off"))
             added[i] = time.perf_counter()
             inflight += 1

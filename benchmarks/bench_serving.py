@@ -1,15 +1,15 @@
 """This server against vLLM's CPU server, served the same weights on the same cores, one script run.
 
-First our plain step in-process (the served config's engine and core plan, compiled; the bar the
-served step is held to), then each server is started in turn on this machine (never both at once: they would share the cores),
-then driven by the same client (`loadtests/client.py`): closed-loop users streaming
-`/v1/chat/completions` (chat prompts through the model's chat template, temperature 0, streamed
-with the usage chunk). At each user count every prompt of the set is sent once, so no answer is
-copied from an earlier request; our replica's cross-request history is reported on or off beside
-each figure (`--history off` turns it off in the served config). Ours runs `"auto"` and `"off"`
-(the request's `lookahead` field) on the same server, side by side at each user count; vLLM runs
-plain decoding. Our server is driven once every compiled graph is ready and timed alone (the
-planner prices widths from those timings).
+First our engine in-process (the served config's engine and core plan, compiled), driven at the same
+levels as the server, with no HTTP: the bar the served steps are held to. Then each server is
+started in turn on this machine (never both at once: they would share the cores), then driven by the
+same client (`loadtests/client.py`): closed-loop users streaming `/v1/chat/completions` (chat
+prompts through the model's chat template, temperature 0, streamed with the usage chunk). At each
+user count every prompt of the set is sent once, so no answer is copied from an earlier request; our
+replica's cross-request history is reported on or off beside each figure (`--history off` turns it
+off in the served config). Ours runs `"auto"` and `"off"` (the request's `lookahead` field) on the
+same server, side by side at each user count; vLLM runs plain decoding. Our server is driven once
+every compiled graph is ready and timed alone (the planner prices widths from those timings).
 
     make bench-serving                                  # sets vLLM up in .venv-vllm, then runs this
     python -m benchmarks.bench_serving --users 1,4,16 --json results/serving.json
@@ -18,11 +18,13 @@ planner prices widths from those timings).
 Throughput is completion tokens over the time from a level's first request to its last answer;
 TTFT is the first text chunk, TPOT the time per token after it, e2e the whole request. Around each
 of our levels the server's forward totals are read: the level's mean one-token step served, against
-the same graph timed alone on the engine's thread, is printed last.
+the same cell's mean at the same level in-process and the same graph timed alone on the engine's
+thread, is printed last.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -35,10 +37,11 @@ from pathlib import Path
 import requests
 import yaml
 
+from deployments.ray_env import ray_env
 from loadtests.client import ClosedLoop, Outcome, chat_body, each_once, generate, percentiles, read_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+RAY_ENV = ray_env()
 
 
 def level(url: str, bodies: list[dict], users: int) -> dict:
@@ -77,7 +80,9 @@ def wait_for(check: Callable[[], bool], timeout_s: float, what: str, proc: subpr
 
 
 class Server:
-    """A server process in its own session, stopped with SIGTERM (a background `serve run` ignores SIGINT)."""
+    """A server process in its own session, stopped with SIGTERM (a background `serve run` ignores
+    SIGINT): the server itself first, so `serve run` shuts Serve down in order (SIGTERM to its whole
+    group at once killed the actor that stops HAProxy, and HAProxy outlived Ray), then its group."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log.open("w")
@@ -85,13 +90,15 @@ class Server:
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
+        for kill, sig in ((os.kill, signal.SIGTERM), (os.killpg, signal.SIGTERM), (os.killpg, signal.SIGKILL)):
+            if self.proc.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError):
+                kill(self.proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # what of its group outlived it (vLLM's engine core)
+            os.killpg(self.proc.pid, signal.SIGTERM)
         self.log.close()
 
 
@@ -123,14 +130,15 @@ def served_folder(args: dict) -> str:
     return model_folder(resolve_path(m.path), m.gguf_file, m.resolved_cache_dir())
 
 
-def in_process(app_args: dict, prompts: list[str], max_tokens: int) -> dict:
-    """Our plain step without the server: the served config's engine and core plan in this process,
-    its buckets compiled before timing, the prompts "off" one after another through the chat template."""
+def in_process(app_args: dict, prompts: list[str], users: list[int], modes: list[str], max_tokens: int) -> list[dict]:
+    """Our engine without the server: the served config's engine and core plan in this process, its
+    buckets compiled before timing, driven as the served levels are (`users` requests in flight,
+    each level's prompts through the chat template, each mode side by side), each level's forwards
+    read from the engine's totals: the same shapes in-process that the served steps are held to."""
+    from benchmarks.bench_engine import run_engine
     from deployments.config import AppArgs, resolve_path
     from lookahead_core.engine.engine import Engine
     from lookahead_core.engine.model_runner import ModelRunner
-    from lookahead_core.engine.request import EngineRequest
-    from lookahead_core.lookahead.stopping import StopCondition
     from lookahead_core.models.loading import load_model
 
     args = AppArgs.model_validate(app_args)
@@ -142,17 +150,20 @@ def in_process(app_args: dict, prompts: list[str], max_tokens: int) -> dict:
     cfg = args.engine.model_copy(update={"compile": "on" if args.engine.compile != "off" else "off"})
     engine = Engine(ModelRunner(model, threads=core_plan.step_threads()), cfg)
     eos = model.generation_config.eos_token_id
-    tokens, start = 0, time.perf_counter()
-    for i, prompt in enumerate(prompts):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
-        engine.add_request(EngineRequest(f"p{i}", tuple(ids), StopCondition.build(max_tokens, eos), "off"))
-        while engine.has_work():
-            tokens += sum(len(out.tokens) for out in engine.step())
-    wall = time.perf_counter() - start
-    return {"server": "in-process-off", "users": 1, "tokens": tokens, "wall_s": round(wall, 2),
-            "tokens_per_s": round(tokens / wall, 2), "torch_threads": plan["torch_threads"],
-            "step_costs_ms": engine.runner.costs.table(), "buckets": engine.compile_status()}
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
+                                         return_dict=False) for p in prompts]
+    run_engine(engine, ids[:2], 1, 2, max_tokens, "off", eos=eos)  # warm, as the served levels are
+    rows = []
+    for u in users:
+        for mode in modes:
+            before = engine.runner.costs.totals()
+            r = run_engine(engine, ids, u, max(prompts_per_level(u, len(ids)), u), max_tokens, mode, eos=eos)
+            costs, forwards = level_costs(before, engine.runner.costs.totals())
+            rows.append({"server": f"in-process-{mode}", "users": u, "tokens": r["tokens"],
+                         "tokens_per_s": round(r["tokens_per_s"], 2), "torch_threads": plan["torch_threads"],
+                         "step_costs_ms": costs, "step_forwards": forwards})
+            print(f"{rows[-1]['server']:<12} {u:>5} {rows[-1]['tokens_per_s']:>8.1f}", flush=True)
+    return rows
 
 
 def ours_ready(url: str, timeout_s: float, proc: subprocess.Popen | None, started: float) -> dict:
@@ -214,8 +225,9 @@ def ratios(rows: list[dict]) -> list[str]:
     for u in sorted({r["users"] for r in rows}):
         a, o, v = by.get(("ours-auto", u)), by.get(("ours-off", u)), by.get(("vllm", u))
         parts = [f"{u:>3} users:"]
-        if o and (alone := by.get(("in-process-off", u))):
-            parts.append(f"off served/in-process tok/s {o['tokens_per_s'] / alone['tokens_per_s']:.2f}x")
+        for mode, served in (("auto", a), ("off", o)):
+            if served and (inp := by.get((f"in-process-{mode}", u))):
+                parts.append(f"{mode} served/in-process tok/s {served['tokens_per_s'] / inp['tokens_per_s']:.2f}x")
         if a and v:
             parts.append(f"auto/vLLM tok/s {a['tokens_per_s'] / v['tokens_per_s']:.2f}x, "
                          f"TTFT p50 {a['ttft']['p50'] / v['ttft']['p50']:.2f}x, "
@@ -239,22 +251,36 @@ def level_costs(before: dict, after: dict) -> tuple[dict[str, float], dict[str, 
     return means, counts
 
 
-def served_against_alone(rows: list[dict], health: dict) -> list[str]:
+def served_steps(rows: list[dict], health: dict) -> list[str]:
     """Each of our levels' one-token step at its users' batch: its mean served cost over the level
-    against the same graph timed alone on the engine's thread at the start."""
+    against the same cell's mean in-process at the same level and mode (the in-process rows), and
+    against the same graph timed alone on the engine's thread at the start (the fastest of a few calls)."""
     alone = {b["batch"]: b["alone_ms"]["1"] for b in health.get("compiled_decode", {}).get("buckets") or []
              if (b.get("alone_ms") or {}).get("1")}
+    by = {(r["server"], r["users"]): r for r in rows}
     lines = []
     for r in rows:
         if not r["server"].startswith("ours-"):  # in-process and vLLM rows were not served by ours
             continue
         bucket = 1 << (r["users"] - 1).bit_length()  # the cost table's batch bucket of `users` sequences
-        served = (r.get("step_costs_ms") or {}).get(f"b{bucket}t1")
-        if served and bucket in alone:
-            forwards = (r.get("step_forwards") or {}).get(f"b{bucket}t1")
-            lines.append(f"{r['server']:<12} {r['users']:>3} users: b{bucket}t1 served {served:.1f} ms"
-                         f"{f' ({forwards} forwards)' if forwards else ''}, alone {alone[bucket]:.1f} ms: {served / alone[bucket]:.2f}x")
+        cell = f"b{bucket}t1"
+        served = (r.get("step_costs_ms") or {}).get(cell)
+        if not served:
+            continue
+        parts = [f"{r['server']:<12} {r['users']:>3} users: {cell} served {served:.1f} ms{_count(r, cell)}"]
+        inp = by.get(("in-process-" + r["server"].removeprefix("ours-"), r["users"]))
+        if inp and (ms := (inp.get("step_costs_ms") or {}).get(cell)):
+            parts.append(f"in-process {ms:.1f} ms{_count(inp, cell)}: {served / ms:.2f}x")
+        if bucket in alone:
+            parts.append(f"alone {alone[bucket]:.1f} ms: {served / alone[bucket]:.2f}x")
+        if len(parts) > 1:
+            lines.append(", ".join(parts))
     return lines
+
+
+def _count(row: dict, cell: str) -> str:
+    n = (row.get("step_forwards") or {}).get(cell)
+    return f" ({n} forwards)" if n else ""
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -285,9 +311,9 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = read_prompts(args.prompts)
     if args.in_process_only:
         app = yaml.safe_load(Path(args.config).read_text())["applications"][0]["args"]
-        row = in_process(app, prompts[: prompts_per_level(1, len(prompts))], args.max_tokens)
-        Path(args.in_process_only).write_text(json.dumps(row))
-        return row
+        in_rows = in_process(app, prompts, users, args.modes.split(","), args.max_tokens)
+        Path(args.in_process_only).write_text(json.dumps(in_rows))
+        return {"rows": in_rows}
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
     config_path, app_args = served_config(args.config, args.history == "on", args.port, logs / "serve_config.yaml",
@@ -301,10 +327,10 @@ def main(argv: list[str] | None = None) -> dict:
             out = logs / "in_process.json"
             subprocess.run([sys.executable, "-m", "benchmarks.bench_serving", "--in-process-only", str(out),
                             "--config", str(config_path), "--max-tokens", str(args.max_tokens),
-                            "--prompts", args.prompts], check=True)
-            rows.append(json.loads(out.read_text()))
-            print(f"in-process (plain, compiled, {rows[-1]['torch_threads']} torch threads): "
-                  f"{rows[-1]['tokens_per_s']} tok/s; step_costs_ms={json.dumps(rows[-1]['step_costs_ms'])}", flush=True)
+                            "--prompts", args.prompts, "--users", args.users, "--modes", args.modes], check=True)
+            rows += json.loads(out.read_text())
+            print(f"in-process (compiled, {rows[-1]['torch_threads']} torch threads): "
+                  f"step_costs_ms={json.dumps({r['server'] + str(r['users']): r['step_costs_ms'] for r in rows})}", flush=True)
         elif server == "ours":
             url = args.ours_url or f"http://127.0.0.1:{args.port}"
             started = time.time()
@@ -367,12 +393,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(fmt(r) if "ttft" in r else f"{r['server']:<12} {r['users']:>5} {r['tokens_per_s']:>8.1f}")
     for line in ratios(rows):
         print(line)
-    served_steps = served_against_alone(rows, health)
-    if served_steps:
-        print("one-token steps served against alone:")
-        for line in served_steps:
+    steps = served_steps(rows, health)
+    if steps:
+        print("one-token steps served, against in-process and alone:")
+        for line in steps:
             print("  " + line)
-    report = {"args": vars(args), "health": health, "rows": rows, "ratios": ratios(rows), "served_steps": served_steps}
+    report = {"args": vars(args), "health": health, "rows": rows, "ratios": ratios(rows), "served_steps": steps}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))

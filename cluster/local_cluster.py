@@ -15,6 +15,7 @@ from typing import Self
 import requests
 import yaml
 
+from deployments.ray_env import ray_env
 from loadtests.client import prompt_cycle, read_prompts
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve_cluster.yaml"
@@ -70,7 +71,7 @@ class LocalCluster:
     def __enter__(self) -> Self:
         from ray.cluster_utils import Cluster
 
-        os.environ.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", **self.env})
+        os.environ.update({**ray_env(), **self.env})
         self.dashboard_port = free_port()
         self.cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1",

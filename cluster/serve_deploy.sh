@@ -11,7 +11,7 @@ BIN=${BIN:-.venv/bin}
 HEAD_PORT=${HEAD_PORT:-6390}
 DASHBOARD_PORT=${DASHBOARD_PORT:-8266}
 HTTP_PORT=${HTTP_PORT:-8000}
-export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
+set -a; . ./configs/ray.env; set +a
 
 # `ray stop` below stops every Ray process on this machine: refuse to start beside another cluster.
 if pgrep -f "ray/core/src/ray/raylet/raylet" >/dev/null; then

@@ -15,8 +15,9 @@ on the same machine) stalls the whole step. The rules, measured in docs/BENCHMAR
   preempt a step. The engine's threads move to `nice` (0 by default), where the process may raise
   its priority (root or CAP_SYS_NICE).
 * The HTTP stack on the replica's node moves to `http_nice` (5 by default): the replica's own
-  process (its event loop and streams, with the engine in a process of its own) and Serve's proxy
-  (`apply_http`, in the replica's process). Left at Ray's 15, a step on every core starved them
+  process (its event loop and streams, with the engine in a process of its own) and Serve's proxy,
+  or with Serve's HAProxy ingress HAProxy and the actor that starts it (`apply_http`, in the
+  replica's process). Left at Ray's 15, a step on every core starved them
   (a request's first token came 8x later than in-process at 16 users); at the engine's 0 they
   preempt its steps more (docs/BENCHMARKS.md, "The HTTP stack above Ray's priority").
 * `pin_cores` (off by default) binds the engine's stepping thread to its threads' cores and the
@@ -43,6 +44,8 @@ from lookahead_core.engine.step_threads import StepThreads
 
 LARGE_BATCH = 8
 PROXY_TITLE = b"ray::ProxyActor"  # the process title Ray gives Serve's proxy actor
+HAPROXY_TITLE = b"ray::HAProxyManager"  # Serve's HAProxy ingress: the actor that starts (and reloads) HAProxy
+HAPROXY_NAME = b"haproxy"  # the HAProxy binary it starts
 log = logging.getLogger("ray.serve")
 
 
@@ -121,35 +124,35 @@ class CorePlan:
     def apply_http(self) -> dict:
         """Move the HTTP stack on this node to `http_nice`: this process (the replica's, when the
         engine steps in another) and Serve's proxies here. Returns what took effect (for /health)."""
-        pids = ([] if not self.own_process else [os.getpid()]) + serve_proxies()
+        pids = ([] if not self.own_process else [("replica", os.getpid())]) + serve_proxies()
         status: dict = {}
         if self.http_cores is not None:
-            status["http_cores_now"] = {_name(pid): bind(self.http_cores, pid) for pid in pids}
+            status["http_cores_now"] = {name: bind(self.http_cores, pid) for name, pid in pids}
         if self.http_nice is None:
             return status
-        now = {pid: renice(self.http_nice, pid) for pid in pids}
-        status["http_nice_now"] = {_name(pid): n for pid, n in now.items()}
-        if any(n != self.http_nice for n in now.values()):
+        status["http_nice_now"] = {name: renice(self.http_nice, pid) for name, pid in pids}
+        if any(n != self.http_nice for n in status["http_nice_now"].values()):
             status["http_nice_error"] = (f"could not set nice {self.http_nice} on the HTTP stack (no CAP_SYS_NICE): "
                                          "under load a step on every core delays its streams")
             log.warning("core plan: %s", status["http_nice_error"])
         return status
 
 
-def serve_proxies() -> list[int]:
-    """Pids of Serve's HTTP proxies on this node (Ray names an actor's process after its class)."""
-    pids = []
+def serve_proxies() -> list[tuple[str, int]]:
+    """(name, pid) of Serve's HTTP proxies on this node (Ray names an actor's process after its
+    class): its proxy actor, or with its HAProxy ingress the HAProxy processes and the actor that
+    starts them (a reloaded HAProxy is its child, and inherits its priority and cores)."""
+    found = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if entry.isdigit():
             with contextlib.suppress(OSError):
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if f.read(64).startswith(PROXY_TITLE):
-                        pids.append(int(entry))
-    return pids
-
-
-def _name(pid: int) -> str:
-    return "replica" if pid == os.getpid() else f"proxy {pid}"
+                    argv0 = f.read(512).split(b"\0", 1)[0]
+                if argv0.startswith(PROXY_TITLE):
+                    found.append((f"proxy {entry}", int(entry)))
+                elif argv0.startswith(HAPROXY_TITLE) or os.path.basename(argv0) == HAPROXY_NAME:
+                    found.append((f"haproxy {entry}", int(entry)))
+    return found
 
 
 def bind(cores: tuple[int, ...], pid: int) -> list[int]:

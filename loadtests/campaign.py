@@ -23,6 +23,8 @@ import requests
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from deployments.ray_env import ray_env
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -48,7 +50,7 @@ class Campaign(BaseModel):
 
 
 def start_server(serve_config: str, timeout: float) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, **ray_env()}
     serve = Path(sys.executable).with_name("serve")
     log = open(Path(tempfile.gettempdir()) / "lookahead-campaign-serve.log", "w")
     proc = subprocess.Popen(

@@ -14,7 +14,8 @@ STREAMS=${STREAMS:-4}
 REQUESTS=${REQUESTS:-32}
 DURATION=${DURATION:-120s}
 mkdir -p "$OUT"
-export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1
+set -a; . ./configs/ray.env; set +a
+export HF_HUB_OFFLINE=1
 
 MODEL_DIR=$($PY -c "
 from lookahead_core.models.loading import DEFAULT_MODEL, DEFAULT_CACHE_DIR, dequantized_gguf, resolve_model_path

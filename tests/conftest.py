@@ -8,8 +8,13 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from deployments.ray_env import ray_env
 from lookahead_core.models.random_models import build_random_model
 from tests.fixtures import wait_until
+
+# Ray reads its environment where it starts, and Serve its flags where it is imported: before either.
+for key, value in ray_env().items():
+    os.environ.setdefault(key, value)
 
 # A small chat template for the tiny model (whose tokenizer has none): the server config sets it.
 TINY_CHAT_TEMPLATE = (
@@ -41,8 +46,6 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(tiny_model_dir):
     """Base URL of a running app; torn down (Serve and Ray) at the end of the session."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
     from ray import serve
 

@@ -13,7 +13,8 @@ OUT=${OUT:-/tmp/lm-eval-compare}
 PORT=${PORT:-8000}
 TASKS=ls_capitals,ls_arithmetic
 mkdir -p "$OUT"
-export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+set -a; . ./configs/ray.env; set +a
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
 # The safetensors folder the server loads the GGUF into: lm-eval's hf backend and its tokenizer read it.
 MODEL_DIR=$($PY -c "

@@ -31,13 +31,18 @@ from lookahead_core.engine.verification import StepOutput
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import FinishReason
 
-__all__ = ["AsyncEngine", "EngineHost", "EngineLimits", "RequestTimeout"]
+__all__ = ["AsyncEngine", "EngineHost", "EngineLimits", "EngineStopped", "RequestTimeout"]
 
 log = logging.getLogger(__name__)
 
 
 class RequestTimeout(TimeoutError):
     """A request outlived its `timeout_s`; it has been ended (as TIMEOUT)."""
+
+
+class EngineStopped(RuntimeError):
+    """The engine's thread or process is gone: nothing in flight here can finish, and this
+    replica's health check fails, so it gets replaced (another replica can take the request)."""
 
 
 class EngineHost(Protocol):
@@ -192,7 +197,7 @@ class AsyncEngine:
             self._end_streams(RuntimeError(f"engine step failed: {event.error}"))
         elif isinstance(event, Stopped):
             self.stopped = event.reason
-            error = RuntimeError(event.reason)
+            error = EngineStopped(event.reason)
             # a caller waiting on its admission or an answer must hear
             for loop, future in _drain(self._admissions) + _drain(self._asks):
                 _call_soon(loop, _settle, future, error)

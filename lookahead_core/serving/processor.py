@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterable
 from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field
 
-from lookahead_core.engine.async_engine import AsyncEngine, RequestTimeout
+from lookahead_core.engine.async_engine import AsyncEngine, EngineStopped, RequestTimeout
 from lookahead_core.engine.engine import EngineOverloaded
 from lookahead_core.engine.logprobs import TokenLogprob
 from lookahead_core.engine.request import EngineRequest
@@ -237,6 +237,10 @@ class RequestProcessor:
                 raise RequestError(status, f"request timed out after {timeout_s:g} s ({whose}) before its first token",
                                    code="timeout") from None
             reason = FinishReason.TIMEOUT
+        except EngineStopped as exc:  # a server fault another replica need not share: retry
+            log.error("request %s failed: %s", req.request_id, exc)
+            raise RequestError(503, f"the engine stopped ({exc}); retry", code="replica_failed",
+                               type="server_error") from None
         except RuntimeError as exc:  # the engine step failed; the engine has already started clean
             log.error("request %s failed: %s", req.request_id, exc)
             raise RequestError(500, f"generation failed: {exc}") from None

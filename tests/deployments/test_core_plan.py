@@ -59,30 +59,36 @@ print(json.dumps({"status": status, "threads": threads, "later": later, "torch":
 
 
 def test_apply_http_moves_this_process_and_the_serve_proxies_here_to_http_nice_and_http_cores():
-    """The replica's process (the engine steps in another) and every process titled as Serve's proxy:
-    a stand-in proxy here, under a title of its own so a real one on this machine is left alone."""
-    title = "ray::ProxyActorStandIn"
-    proxy = subprocess.Popen([title, "-c", "import time; time.sleep(60)"], executable=sys.executable)
+    """The replica's process (the engine steps in another), every process titled as Serve's proxy
+    or its HAProxy manager, and every HAProxy: stand-ins here, under names of their own so real
+    ones on this machine are left alone."""
+    title, manager, binary = "ray::ProxyActorStandIn", "ray::HAProxyManagerStandIn", "/opt/bin/haproxy-stand-in"
+    stand_ins = [subprocess.Popen([argv0, "-c", "import time; time.sleep(60)"], executable=sys.executable)
+                 for argv0 in (title, manager, binary)]
+    proxy, haproxies = stand_ins[0], stand_ins[1:]
     try:
         code = f"""
 import json, os
 from deployments import core_plan
-core_plan.PROXY_TITLE = {title.encode()!r}
+core_plan.PROXY_TITLE, core_plan.HAPROXY_TITLE, core_plan.HAPROXY_NAME = {title.encode()!r}, {manager.encode()!r}, b"haproxy-stand-in"
 status = core_plan.CorePlan.build(num_cpus=2, cores=2, http_nice=9).apply_http()
 print(json.dumps({{"status": status, "own": os.getpriority(os.PRIO_PROCESS, 0), "pid": os.getpid()}}))
 """
         out = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
-        assert out["own"] == 9 and os.getpriority(os.PRIO_PROCESS, proxy.pid) == 9
-        assert out["status"]["http_nice_now"] == {"replica": 9, f"proxy {proxy.pid}": 9}
+        assert out["own"] == 9 and all(os.getpriority(os.PRIO_PROCESS, p.pid) == 9 for p in stand_ins)
+        assert out["status"]["http_nice_now"] == {"replica": 9, f"proxy {proxy.pid}": 9,
+                                                  **{f"haproxy {p.pid}": 9 for p in haproxies}}
         assert "http_nice_error" not in out["status"]
         code = code.replace("http_nice=9", "pin_cores=True")
         out = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
         http = sorted(os.sched_getaffinity(0))[1:2]
-        assert out["status"]["http_cores_now"] == {"replica": http, f"proxy {proxy.pid}": http}
-        assert sorted(os.sched_getaffinity(proxy.pid)) == http
+        assert out["status"]["http_cores_now"] == {"replica": http, f"proxy {proxy.pid}": http,
+                                                   **{f"haproxy {p.pid}": http for p in haproxies}}
+        assert all(sorted(os.sched_getaffinity(p.pid)) == http for p in stand_ins)
     finally:
-        proxy.kill()
-        proxy.wait()
+        for p in stand_ins:
+            p.kill()
+            p.wait()
     # null leaves Ray's priority
     assert CorePlan.build(num_cpus=2, cores=2, http_nice=None).apply_http() == {}
 

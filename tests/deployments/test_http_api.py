@@ -32,11 +32,13 @@ def test_health_and_models(server):
     assert h["status"] == "ok" and h["model"] == "tiny"
     assert h["dtype"] == "float32" and h["device"] == "cpu" and h["torch_threads"] >= 1
     assert h["seeded_text"] == "fixed by the seed"  # float32: whatever runs beside a request
-    # the HTTP stack above Ray's 15, where Ray started it: the replica's process and Serve's proxy
+    # the HTTP stack above Ray's 15, where Ray started it: the replica's process, Serve's proxy and,
+    # with the shipped environment (configs/ray.env), its HAProxy ingress
     plan = h["core_plan"]
     assert plan["nice_now"] == 0 and plan["http_nice_now"]["replica"] == 5 and "http_nice_error" not in plan
-    proxies = [n for who, n in plan["http_nice_now"].items() if who.startswith("proxy ")]
-    assert proxies and set(proxies) == {5}
+    for kind in ("proxy ", "haproxy "):
+        stack = [n for who, n in plan["http_nice_now"].items() if who.startswith(kind)]
+        assert stack and set(stack) == {5}, (kind, plan["http_nice_now"])
     assert h["step_costs_ms"]["b1t1"] > 0  # the warm-up's forwards, measured
     total, count = h["step_totals_ms"]["b1t1"]
     assert count > 0 and total >= count * 0.01  # every forward summed and counted

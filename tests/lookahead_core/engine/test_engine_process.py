@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from lookahead_core import LookaheadParams
-from lookahead_core.engine.async_engine import AsyncEngine
+from lookahead_core.engine.async_engine import AsyncEngine, EngineStopped
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.engine_process import EngineProcess
@@ -77,7 +77,7 @@ def test_an_engine_process_that_dies_ends_its_streams_and_reports_itself():
         stream = front.generate(req("left", [5, 6, 7], 500))
         await stream.__anext__()
         os.kill(front.host.pid, signal.SIGKILL)
-        with pytest.raises(RuntimeError, match="the engine process stopped"):
+        with pytest.raises(EngineStopped, match="the engine process stopped"):
             async for _ in stream:
                 pass
 

@@ -283,6 +283,17 @@ def test_failed_step_is_a_500_and_the_engine_serves_on(proc, tiny):
         eng.shutdown()
 
 
+def test_a_stopped_engine_is_a_503_to_retry_elsewhere(proc, tiny):
+    """The engine's thread gone (its process killed, in a replica): the replica is being replaced,
+    so the request is retryable, not the server's 500."""
+    eng = AsyncEngine(Engine(tiny[0], EngineConfig(max_batch=2, max_seq_len=256, max_new_tokens=16)))
+    eng.shutdown()
+    assert wait_until(lambda: not eng.host.alive, 10)
+    err = run(proc, ServeRequest(prompt="x", max_new_tokens=4), eng)
+    assert isinstance(err, RequestError) and (err.status, err.code) == (503, "replica_failed")
+    assert "the engine thread stopped" in err.message
+
+
 def test_auto_reports_the_engines_setting_and_what_the_request_ran(proc, engine):
     done = run(proc, ServeRequest(prompt="def f(x):", max_new_tokens=12, ignore_eos=True), engine)[-1]
     cfg = engine.engine.config.lookahead

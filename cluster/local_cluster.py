@@ -15,7 +15,7 @@ from typing import Self
 import requests
 import yaml
 
-from deployments.ray_env import ray_env
+from deployments.ray_env import haproxy_ports, ray_env
 from loadtests.client import prompt_cycle, read_prompts
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve_cluster.yaml"
@@ -71,7 +71,7 @@ class LocalCluster:
     def __enter__(self) -> Self:
         from ray.cluster_utils import Cluster
 
-        os.environ.update({**ray_env(), **self.env})
+        os.environ.update({**ray_env(), **haproxy_ports(free_port), **self.env})  # beside another Serve here
         self.dashboard_port = free_port()
         self.cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1",
@@ -93,7 +93,8 @@ class LocalCluster:
     def deploy(self, config: dict, timeout_s: float = 240) -> str:
         """PUT the config as `serve deploy` does; returns the HTTP base URL once the app is RUNNING."""
         r = requests.put(self.dashboard + "/api/serve/applications/", json=config, timeout=30)
-        r.raise_for_status()
+        if not r.ok:
+            raise RuntimeError(f"serve deploy: HTTP {r.status_code} from the dashboard: {r.text[-2000:]}")
         self._wait(lambda: self.app().get("status") == "RUNNING", timeout_s, "the app to be RUNNING")
         url = f"http://127.0.0.1:{config['http_options']['port']}"
         self._wait(lambda: requests.get(url + "/health", timeout=5).ok, 60, "/health")

@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from deployments.ray_env import ray_env
+from deployments.ray_env import haproxy_ports, ray_env
 from lookahead_core.models.random_models import build_random_model
 from tests.fixtures import wait_until
 
@@ -51,6 +51,7 @@ def server(tiny_model_dir):
 
     from deployments.app import build_app
 
+    os.environ.update(haproxy_ports(_free_port))  # beside a `make serve` or a cluster test's Serve
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     # Ray's own processes take ephemeral ports too: pick one after ray.init and retry on a clash.
     for attempt in range(5):

@@ -1,7 +1,7 @@
 """configs/ray.env: the environment every Ray of this project starts with, read in one place."""
 import pytest
 
-from deployments.ray_env import RAY_ENV_FILE, ray_env
+from deployments.ray_env import RAY_ENV_FILE, haproxy_ports, ray_env
 
 
 def test_the_shipped_environment_turns_on_serves_haproxy_ingress_and_off_usage_stats():
@@ -18,3 +18,9 @@ def test_a_line_that_is_not_key_value_is_refused_naming_file_and_line(tmp_path):
         ray_env(path)
     path.write_text(" A = 1 \nC=x=y\n")
     assert ray_env(path) == {"A": "1", "C": "x=y"}
+
+
+def test_haproxy_gets_stats_and_metrics_ports_of_its_own():
+    ports = iter([41001, 41002])
+    assert haproxy_ports(lambda: next(ports)) == {"RAY_SERVE_HAPROXY_STATS_PORT": "41001",
+                                                  "RAY_SERVE_HAPROXY_METRICS_PORT": "41002"}

@@ -24,10 +24,8 @@ thread, is printed last.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -38,6 +36,7 @@ import requests
 import yaml
 
 from deployments.ray_env import ray_env
+from loadtests.campaign import stop_server
 from loadtests.client import ClosedLoop, Outcome, chat_body, each_once, generate, percentiles, read_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,9 +79,8 @@ def wait_for(check: Callable[[], bool], timeout_s: float, what: str, proc: subpr
 
 
 class Server:
-    """A server process in its own session, stopped with SIGTERM (a background `serve run` ignores
-    SIGINT): the server itself first, so `serve run` shuts Serve down in order (SIGTERM to its whole
-    group at once killed the actor that stops HAProxy, and HAProxy outlived Ray), then its group."""
+    """A server process in its own session, its output to `log`; stopped as the load-test campaign
+    stops its server (SIGTERM: a background `serve run` ignores SIGINT)."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log.open("w")
@@ -90,15 +88,7 @@ class Server:
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:
-        for kill, sig in ((os.kill, signal.SIGTERM), (os.killpg, signal.SIGTERM), (os.killpg, signal.SIGKILL)):
-            if self.proc.poll() is not None:
-                break
-            with contextlib.suppress(ProcessLookupError):
-                kill(self.proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(60)
-        with contextlib.suppress(ProcessLookupError):  # what of its group outlived it (vLLM's engine core)
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        stop_server(self.proc)
         self.log.close()
 
 

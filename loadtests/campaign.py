@@ -10,6 +10,7 @@ engine's own setting, each step as wide as pays). Without --host (or `host:` in 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -73,19 +74,19 @@ def start_server(serve_config: str, timeout: float) -> tuple[subprocess.Popen, s
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    """SIGTERM to `serve run` itself, which shuts Serve down in order, HAProxy with it (Ctrl-C to its
-    whole group took 30 s); then its group, harder."""
+    """Stop a server started in a session of its own: SIGTERM to the server itself (`serve run` then
+    shuts Serve down in order, HAProxy with it; SIGTERM or Ctrl-C to its whole group at once took
+    30 s and could leave HAProxy holding the port), then its group, harder; then whatever of its
+    group outlived it (vLLM's engine core)."""
     for kill, sig, wait in ((os.kill, signal.SIGTERM, 60), (os.killpg, signal.SIGTERM, 15), (os.killpg, signal.SIGKILL, 5)):
         if proc.poll() is not None:
-            return
-        try:
+            break
+        with contextlib.suppress(ProcessLookupError):
             kill(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
 
 
 def run_locust(host: str, c: Campaign, policy: str, stage: Stage, workdir: Path) -> dict:

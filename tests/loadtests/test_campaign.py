@@ -1,9 +1,13 @@
 """A campaign against the session's real Serve app: every stage under every policy, then its report."""
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import yaml
 
 from loadtests import campaign
+from tests.fixtures import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,3 +35,31 @@ def test_every_shipped_campaign_reads():
         assert (ROOT / c.slo).exists(), path.name
         assert read_prompts(c.prompt_set), path.name
         assert all(lookahead_field(p) for p in c.policies), path.name
+
+
+def test_stop_server_stops_the_server_then_what_of_its_group_outlived_it(tmp_path):
+    """The server first (SIGTERM, as `serve run` wants it), then its group: a child that
+    outlives the server (vLLM's engine core, a HAProxy) is stopped too."""
+    child_pid = tmp_path / "child.pid"
+    leader = subprocess.Popen([sys.executable, "-c", f"""
+import pathlib, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+pathlib.Path({str(child_pid)!r}).write_text(str(child.pid))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the server exits, its child stays
+time.sleep(60)
+"""], start_new_session=True)
+    assert wait_until(lambda: child_pid.exists() and child_pid.read_text(), 10)
+    child = int(child_pid.read_text())
+    started = time.monotonic()
+    campaign.stop_server(leader)
+    assert leader.returncode == 0 and time.monotonic() - started < 10  # ended by its own SIGTERM handler
+    assert wait_until(lambda: not _alive(child), 10), "the server's child outlived stop_server"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(") ", 1)[1][0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie, not yet reaped by init, has stopped

@@ -32,8 +32,6 @@ from transformers import StaticCache
 
 from lookahead_core import LookaheadParams, ModelRunner, SamplingParams, generate
 from lookahead_core.cli.prompt_sets import read_prompt_set
-from lookahead_core.engine.bucket_staging import NARROW_WIDTH
-from lookahead_core.engine.compile_setup import inductor_options
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.generation import GenerationStats
@@ -41,7 +39,19 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.loading import DEFAULT_MODEL, load_model
 
-SKIP_GUARDS_PEER = "hf-compiled-ng"  # the compiled peer without dynamo's guards on the model, as our engine
+SKIP_GUARDS_PEER = "hf-compiled-ng"  # the compiled peer without dynamo's guards on the model
+
+
+def peer_options(cuda: bool, gemm_autotune: bool) -> dict:
+    """The HF compiled peer's inductor settings on CPU: freezing (weights folded and packed once)
+    and, with `gemm_autotune`, every linear layer timed between inductor's C++ GEMM template and
+    the library kernels; on CUDA nothing (CUDA graphs come from the backend options)."""
+    if cuda:
+        return {}
+    options: dict = {"freezing": True}
+    if gemm_autotune:
+        options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN", max_autotune_report_choices_stats=False)
+    return options
 
 
 @dataclass
@@ -136,9 +146,9 @@ class CompiledGreedy:
         self.max_cache_len = max_cache_len
         cuda = model.device.type == "cuda"
         self.freezing = not cuda  # freezing is a CPU optimization; CUDA gets CUDA graphs
-        self.options = inductor_options(cuda, gemm_autotune)  # the engine's own settings: same compiler
+        self.options = peer_options(cuda, gemm_autotune)
         backend: dict = {"triton.cudagraphs": True} if cuda else {}
-        if skip_module_guards:  # as our engine's CompiledForward
+        if skip_module_guards:
             backend["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
         # isolated: two peers in one process must not run each other's graph
         self.step = torch.compile(decode_one_token, fullgraph=True, dynamic=False, options=backend,
@@ -190,8 +200,11 @@ class Bench:
     """Runs the configurations on one prompt and keeps their tallies."""
 
     def __init__(self, model, configs: list[Config], max_new: int, sampling: SamplingParams | None,
-                 max_prompt_len: int = 0, engine: EngineConfig | None = None, gemm_autotune: bool = True) -> None:
-        self.model, self.runner = model, ModelRunner(model)
+                 max_prompt_len: int = 0, engine: EngineConfig | None = None, gemm_autotune: bool = True,
+                 ours=None) -> None:
+        """`model` runs the HF peers as loaded; `ours` (a second load of it, or `model` itself) runs
+        our configurations, its weights laid out by our runner."""
+        self.model, self.runner = model, ModelRunner(ours if ours is not None else model)
         # with an engine config, our configurations share one long-lived engine (as a replica does)
         self.engine = Engine(self.runner, engine) if engine is not None else None
         self.configs, self.max_new, self.sampling = configs, max_new, sampling
@@ -346,13 +359,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="with --engine-compile, pin the planner's price of one more row (in one-token steps) "
                          "instead of measuring it: 0 runs every proposed row, as where width is free (tokens per "
                          "step, not speed)")
-    ap.add_argument("--compile-buckets", default=None,
-                    help="engine compile buckets, BATCHxWIDTH (default: 1x1, a narrow 1x4 and one of dynamic width up to "
-                         "the widest step)")
     ap.add_argument("--compile-autotune", choices=["on", "off"], default="on",
-                    help="on CPU, both compiled peers (HF's and our engine's) time inductor's C++ GEMM template "
-                         "against MKL per layer (engine.compile_autotune)")
-    ap.add_argument("--compile-kv", default="", help="engine compile key lengths, comma-separated (default: the KV capacity)")
+                    help="on CPU, the HF compiled peer times inductor's C++ GEMM template against the library "
+                         "kernels per layer (our engine's GEMMs read its one copy of the weights: nothing to tune)")
     ap.add_argument("--successor-prefill", choices=["on", "off"], default=None,
                     help="engine: record the top-k after every prompt token (default: EngineConfig's)")
     ap.add_argument("--pool", choices=["on", "off", "both"], default="on", help="n-grams from prompt and output")
@@ -385,22 +394,21 @@ def main(argv: list[str] | None = None) -> dict:
         la = [p for p in ours if p is not None] or [LookaheadParams()]
         widest = LookaheadParams(max(p.n for p in la), max(p.w for p in la), max(p.g for p in la),
                                  lookup=max(p.lookup for p in la), successors=max(p.successors for p in la))
-        buckets = args.compile_buckets or f"1x1,1x{NARROW_WIDTH},1x{widest.max_step_tokens}"
         engine_config = EngineConfig(
             max_batch=1, max_seq_len=max(len(p) for p in prompts) + args.max_new_tokens,
             max_new_tokens=args.max_new_tokens, prefill_chunk=max(len(p) for p in prompts), shared_pool_cap=0,
             max_n=max(p.n for p in la), max_w=max(p.w for p in la), max_g=max(p.g for p in la),
             max_lookup=max(p.lookup for p in la), max_successors=max(p.successors for p in la), lookahead=la[0],
-            compile=args.engine_compile,
-            compile_buckets=[tuple(int(x) for x in b.split("x")) for b in buckets.split(",")],
-            compile_kv=[int(k) for k in args.compile_kv.split(",") if k], compile_autotune=args.compile_autotune == "on",
+            compile=args.engine_compile, compile_max_width=widest.max_step_tokens, compile_prefill=False,
             row_price=args.row_price,  # as if rows cost this on any machine: tokens per step, not speed
             **({} if args.successor_prefill is None else {"successor_prefill": args.successor_prefill == "on"}))
     t_engine = time.perf_counter()
     if args.row_price is not None and engine_config is None:
         ap.error("--row-price needs --engine-compile (on or off): it pins the long-lived engine's planner")
+    # our runner lays out its model's weights for its own kernels: the peers keep theirs as loaded
+    ours_model = load_model(args.model, dtype=args.dtype, device=args.device)[0] if ours and configs != ours else None
     bench = Bench(model, configs, args.max_new_tokens, sampling, max(len(p) for p in prompts), engine_config,
-                  args.compile_autotune == "on")
+                  args.compile_autotune == "on", ours_model)
     engine_compile_s = time.perf_counter() - t_engine
     compile_s = {name: peer.warm_up(prompts[0]) for name, peer in bench.compiled.items()}
     compiles = dict(torch._dynamo.utils.counters["frames"]).get("ok", 0)
@@ -447,11 +455,11 @@ def main(argv: list[str] | None = None) -> dict:
     if bench.engine is not None and bench.engine.compiled is not None:
         status = bench.engine.compile_status()
         eager = bench.engine.runner.eager_forwards
-        print(f"our engine: buckets compiled in {engine_compile_s:.1f}s (not in the figures); "
-              f"{eager} decode forwards ran eagerly (outside every bucket)")
+        print(f"our engine: graphs ready in {engine_compile_s:.1f}s (not in the figures); "
+              f"{eager} decode forwards ran eagerly (outside every graph)")
         for b in status:
-            print(f"  bucket batch={b['batch']} width={b['width']} kv={b['kv']}: compile {b['compile_s']}s, "
-                  f"{b['calls']} forwards")
+            print(f"  graph batch<={b['batch']} width<={b['width']} kv<={b['kv']}: compile {b['compile_s']}s "
+                  f"(stored before: {b['cached']}), {b['calls']} forwards")
         print(f"  measured forward ms by batch and width: {bench.runner.costs.table()}")
         engine_report = {"buckets": status, "eager_forwards": eager, "compile_s": engine_compile_s,
                          "forward_ms": bench.runner.costs.table()}

@@ -102,9 +102,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--engine-compile", default="off", help="off | on | off,on: the engine eager, compiled, or both")
-    ap.add_argument("--compile-buckets", default="1x1,1x16,16x1,16x16", help="BATCHxWIDTH,... compiled with --engine-compile on")
-    ap.add_argument("--compile-kv", default="", help="key lengths of the compiled buckets (empty: the KV capacity)")
-    ap.add_argument("--no-autotune", action="store_true", help="compile without GEMM autotuning (CPU; a shorter compile)")
+    ap.add_argument("--compile-buckets", default="1x1,1x16,16x1,16x16",
+                    help="CUDA: the BATCHxWIDTH,... shapes captured as CUDA graphs with --engine-compile on (on CPU one "
+                         "graph takes every shape)")
+    ap.add_argument("--compile-kv", default="", help="CUDA: key lengths of the CUDA graphs (empty: the KV capacity)")
+    ap.add_argument("--compile-dir", default=None, help="where the engine keeps its compiled graphs (default: inductor's cache)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.threads:
@@ -125,11 +127,12 @@ def main(argv: list[str] | None = None) -> dict:
         if mode == "off":
             engines[""] = Engine(runner, EngineConfig(**base))
             continue
-        buckets = [tuple(int(x) for x in b.split("x")) for b in args.compile_buckets.split(",")]
-        kv = tuple(int(k) for k in args.compile_kv.split(",") if k)
+        shapes: dict = {"compile_dir": args.compile_dir}
+        if args.device != "cpu":
+            shapes.update(compile_buckets=[tuple(int(x) for x in b.split("x")) for b in args.compile_buckets.split(",")],
+                          compile_kv=tuple(int(k) for k in args.compile_kv.split(",") if k))
         t0 = time.perf_counter()
-        engines[" compiled"] = Engine(ModelRunner(model), EngineConfig(**base, compile="on", compile_buckets=buckets, compile_kv=kv,
-                                                                        compile_autotune=not args.no_autotune))
+        engines[" compiled"] = Engine(ModelRunner(model), EngineConfig(**base, compile="on", **shapes))
         compile_s = time.perf_counter() - t0
     pad_id = model.generation_config.pad_token_id or 0
 

@@ -128,7 +128,7 @@ def in_process(app_args: dict, prompts: list[str], users: list[int], modes: list
     from benchmarks.bench_engine import run_engine
     from deployments.config import AppArgs, resolve_path
     from lookahead_core.engine.engine import Engine
-    from lookahead_core.engine.model_runner import ModelRunner
+    from lookahead_core.engine.runner.model_runner import ModelRunner
     from lookahead_core.models.loading import load_model
 
     args = AppArgs.model_validate(app_args)

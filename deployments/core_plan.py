@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from lookahead_core.engine.step_threads import StepThreads
+from lookahead_core.engine.runner.step_threads import StepThreads
 
 LARGE_BATCH = 8
 PROXY_TITLE = b"ray::ProxyActor"  # the process title Ray gives Serve's proxy actor

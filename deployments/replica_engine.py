@@ -10,8 +10,8 @@ import torch
 
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.generation import warm_up
-from lookahead_core.engine.kv_budget import free_memory
-from lookahead_core.engine.model_runner import ModelRunner
+from lookahead_core.engine.runner.memory_plan import free_memory
+from lookahead_core.engine.runner.model_runner import ModelRunner
 from lookahead_core.models.loading import dtype_reason, load_model
 
 from .config import AppArgs, resolve_path
@@ -33,8 +33,8 @@ def build_engine(args: AppArgs, warm_prompt: list[int]) -> tuple[Engine, dict[st
     log.warning("serving %s: dtype %s (asked: %s%s), device %s, %d torch threads", m.served_name, dtype,
                 m.dtype, dtype_reason(m.dtype, m.device), m.device, torch.get_num_threads())
     cfg = args.engine
-    engine = Engine(ModelRunner(model, max_layouts=cfg.layout_cache, threads=plan.step_threads()), cfg,
-                    free_bytes=free_memory(model.device))
+    engine = Engine(ModelRunner(model, max_layouts=cfg.layout_cache, threads=plan.step_threads(),
+                                weight_layout=cfg.weight_layout), cfg, free_bytes=free_memory(model.device))
     log.warning("%s; max_seq_len %d", engine.kv_plan.describe(), engine.max_seq_len)
     start = time.time()
     warm_up(engine, warm_prompt)

@@ -67,8 +67,8 @@ def server(tiny_model_dir):
         "model": {"path": str(tiny_model_dir), "name": "tiny", "dtype": "float32", "chat_template": TINY_CHAT_TEMPLATE},
         "engine": {"max_batch": 4, "max_seq_len": 256, "max_new_tokens": 64, "prefill_chunk": 32,
                    "lookahead": {"n": 3, "w": 3, "g": 3},
-                   # one-token steps of one sequence compile in the background, as the shipped config's
-                   "compile": "auto", "compile_buckets": [[1, 1]], "compile_kv": [64], "compile_autotune": False},
+                   # the graphs compile in the background, as the shipped config's
+                   "compile": "auto", "compile_max_width": 8},
         "num_cpus": 0,
     }
     serve.run(build_app(args), name="lookahead", route_prefix="/")

@@ -11,7 +11,7 @@ import time
 import torch
 
 from lookahead_core.engine.generation import generate
-from lookahead_core.engine.model_runner import ModelRunner
+from lookahead_core.engine.runner.model_runner import ModelRunner
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.models.loading import load_model
 

@@ -88,27 +88,29 @@ class EngineConfig(BaseModel):
                                "turns it off")
     layout_cache: int = Field(32, ge=1, description="step layouts kept, one per (N, W, G, lookup, successors) in use")
     compile: Literal["off", "on", "auto"] = Field(
-        "off", description="decode forward compiled per bucket: \"on\" compiles every bucket before the engine "
-                           "starts, \"auto\" serves at once (eager) and compiles them on a background thread")
-    compile_buckets: tuple[tuple[int, int], ...] = Field(
-        ((1, 1), (1, 4), (1, 17)), description="(batch, step width) shapes compiled; on CPU a bucket wider than "
-                                       "two takes every width from 2 to its own in one graph (dynamic width), one "
-                                       "3 or 4 wide compiled for narrow steps (Bucket.narrow). A step runs in the "
-                                       "cheapest compiled one that holds it, padded in batch (and in width where "
-                                       "static), or eagerly when none does")
-    compile_load_share: float = Field(
-        0.25, ge=0, le=1, description="\"auto\": the share of time the background compile takes while requests "
-                                       "decode (it slows them meanwhile); 0 compiles only while the engine is idle")
-    compile_autotune: bool = Field(
-        True, description="on CPU, time each linear layer of a bucket between inductor's C++ GEMM template and MKL "
-                          "when compiling it (a longer compile; on AVX2, one-token steps ~1.6x and wide ones ~2x faster)")
+        "off", description="the decode forward compiled: \"on\" makes every graph ready before the engine starts, "
+                           "\"auto\" serves at once (eager) and makes them ready in the background; graphs kept on "
+                           "disk load in seconds, the others compile in worker processes")
+    compile_max_width: int = Field(
+        64, ge=1, description="on CPU, the widest step the decode graph takes (it takes every batch, width and key "
+                              "count up to its own); a wider step runs eagerly")
     compile_prefill: bool = Field(
         True, description="on CPU, one more graph: a prompt chunk (up to prefill_chunk tokens) of any request, "
                           "while others decode; without it only a request that arrives alone prefills compiled")
+    compile_workers: int = Field(
+        1, ge=1, le=8, description="graphs compiled at once, a worker process each (its own memory beside the "
+                                   "replica's, counted in the memory plan)")
+    compile_dir: str | None = Field(
+        None, description="where compiled graphs are kept (default: lookahead_graphs in inductor's cache folder)")
+    compile_buckets: tuple[tuple[int, int], ...] = Field(
+        ((1, 1), (1, 4), (1, 17)), description="CUDA only: the (batch, step width) shapes captured as CUDA graphs; "
+                                               "a step runs in the smallest that holds it, padded, else eagerly")
     compile_kv: tuple[int, ...] = Field(
-        (), description="key lengths the compiled buckets hold at most (empty: the KV capacity); a step attending "
-                        "to more runs eagerly. On CPU a graph reads only the step's keys, whatever their number; "
-                        "on CUDA a bucket pads every step to its key length (each one doubles the graphs)")
+        (), description="CUDA only: key lengths the CUDA graphs hold at most (empty: the KV capacity); each one "
+                        "doubles the graphs")
+    weight_layout: Literal["auto", "plain", "transposed", "onednn"] = Field(
+        "auto", description="how the one copy of the weights is laid out for the GEMMs that read it: auto is "
+                            "transposed (MKL) in float32 on CPU, onednn (packed) in bf16/fp16 on CPU, plain on CUDA")
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod
@@ -146,10 +148,10 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _buckets_fit(self) -> EngineConfig:
-        if self.compile == "off":
+        if self.compile == "off" or "compile_buckets" not in self.model_fields_set:
             return self
         if not self.compile_buckets:
-            raise ValueError("compile is on but compile_buckets is empty")
+            raise ValueError("compile is on but compile_buckets is empty (CUDA graphs need at least one shape)")
         for batch, width in self.compile_buckets:
             if not 1 <= batch <= self.max_batch:
                 raise ValueError(f"compile bucket batch {batch} is outside [1, max_batch={self.max_batch}]")
@@ -163,7 +165,17 @@ class EngineConfig(BaseModel):
     def buckets_within(self, slots: int) -> tuple[tuple[int, int], ...]:
         """compile_buckets with batches above `slots` (what the KV budget holds) lowered to `slots`:
         a bucket of every slot still holds every step."""
-        return tuple(dict.fromkeys((min(batch, slots), width) for batch, width in self.compile_buckets))
+        return tuple(dict.fromkeys((min(batch, slots), min(width, self.max_step_tokens))
+                                   for batch, width in self.compile_buckets))
+
+    def check_device(self, device: str) -> None:
+        """Settings that apply to one kind of device only, refused on the other where set."""
+        if device == "cpu":
+            cuda_only = sorted({"compile_buckets", "compile_kv"} & self.model_fields_set)
+            if cuda_only and self.compile != "off":
+                raise ValueError(f"engine.{' and engine.'.join(cuda_only)} set the shapes of CUDA graphs; on CPU one "
+                                 f"decode graph takes every batch, width and key count (up to engine.compile_max_width "
+                                 f"tokens a row): remove {' and '.join(cuda_only)}")
 
     @property
     def max_step_tokens(self) -> int:

@@ -7,19 +7,26 @@ import time
 import numpy as np
 import torch
 
-from lookahead_core.engine.bucket_staging import Bucket
-from lookahead_core.engine.compiled_forward import CompiledForward
 from lookahead_core.engine.config import EngineConfig
-from lookahead_core.engine.kv_budget import KVPlan, free_memory, plan_kv
-from lookahead_core.engine.kv_cache import BatchKVCache
-from lookahead_core.engine.model_runner import ModelRunner
+from lookahead_core.engine.graphs.buckets import Bucket
+from lookahead_core.engine.graphs.decode_graphs import DecodeGraphs
+from lookahead_core.engine.graphs.package_store import PackageStore
 from lookahead_core.engine.planner import StepPlanner
 from lookahead_core.engine.prefill import Prefiller
-from lookahead_core.engine.prefix_cache import PrefixCache
 from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.runner.memory_plan import (
+    COMPILE_WORKSPACE_BYTES,
+    GRAPH_CODE_BYTES,
+    KVPlan,
+    MemoryPlan,
+    free_memory,
+    plan_kv,
+    process_rss,
+)
+from lookahead_core.engine.runner.model_runner import ModelRunner
+from lookahead_core.engine.runner.prefix_cache import PrefixCache
 from lookahead_core.engine.scheduler import Scheduler, SlotMove
 from lookahead_core.engine.sequence import Sequence
-from lookahead_core.engine.step_buffers import BatchStepBuffers
 from lookahead_core.engine.step_plan import StepPlan
 from lookahead_core.engine.verification import StepOutput, update
 from lookahead_core.lookahead.drafter import plain_span
@@ -45,8 +52,10 @@ class Engine:
     def __init__(self, model: torch.nn.Module | ModelRunner, config: EngineConfig | None = None,
                  free_bytes: int | None = None) -> None:
         self.config = cfg = config or EngineConfig()
-        self.runner = r = model if isinstance(model, ModelRunner) else ModelRunner(model, max_layouts=cfg.layout_cache)
+        self.runner = r = model if isinstance(model, ModelRunner) else ModelRunner(
+            model, max_layouts=cfg.layout_cache, weight_layout=cfg.weight_layout)
         r.costs.prior_slope = cfg.cost_prior_slope
+        cfg.check_device(r.device.type)
         ctx = r.context_length
         self.max_seq_len = cfg.max_seq_len or ctx or 2048
         if ctx is not None and self.max_seq_len > ctx:
@@ -56,21 +65,33 @@ class Engine:
             raise ValueError(f"engine.successor_topk {cfg.successor_topk} exceeds the model's vocabulary of "
                              f"{r.vocab_size} tokens; set it to at most {r.vocab_size} (0 turns successor trees off)")
         capacity = self.max_seq_len + cfg.max_step_tokens
+        chunk = min(cfg.prefill_chunk, self.max_seq_len)  # a prompt is shorter: its masks need no more rows
         budget = cfg.kv_cache_memory
         assert not isinstance(budget, str)  # EngineConfig parses memory strings into bytes
-        if (budget is None or isinstance(budget, float)) and free_bytes is None:  # a share of it, or checked against it
+        cpu = r.device.type == "cpu"
+        if free_bytes is None and (budget is None or isinstance(budget, float) or cpu):
             free_bytes = free_memory(r.device)
         self.knowledge = ReplicaKnowledge(cfg, r.vocab_size)  # what the replica learns across requests
+        process = (process_rss() or 0) if cpu else 0
+        beside = self._beside_kv(cfg, cfg.max_batch, capacity, chunk)  # graphs, buffers, compile workers
+        if cpu and free_bytes is not None and free_bytes < beside + self.knowledge.planned_bytes:
+            no_kv = KVPlan(0, capacity, r.kv_bytes_per_token, 0, None, 0)
+            self._memory_plan(process, no_kv, cfg.max_batch, capacity, chunk, self._graph_buckets(
+                cfg, cfg.max_batch, capacity, chunk) if cfg.compile != "off" else []).check(free_bytes)
         # the tables live in host memory: on a CPU replica they share the free memory the KV is fitted to
         self.kv_plan: KVPlan = plan_kv(cfg.max_batch, capacity, r.kv_bytes_per_token,
-                                       cfg.max_step_tokens * capacity * r.dtype.itemsize, budget, free_bytes,
+                                       cfg.max_step_tokens * capacity * r.dtype.itemsize, budget,
+                                       None if free_bytes is None else max(free_bytes - (beside if cpu else 0), 0),
                                        reserved_tokens=cfg.prefix_cache_tokens,
-                                       learned_bytes=self.knowledge.planned_bytes,
-                                       learned_in_free=r.device.type == "cpu")
+                                       learned_bytes=self.knowledge.planned_bytes, learned_in_free=cpu)
         self.max_batch = slots = self.kv_plan.slots
-        self.cache = BatchKVCache(r.num_layers, slots, capacity, r.device)
-        self.buffers = BatchStepBuffers(slots, cfg.max_step_tokens, capacity, r.dtype, r.device)
-        chunk = min(cfg.prefill_chunk, self.max_seq_len)  # a prompt is shorter: its masks need no more rows
+        buckets = self._graph_buckets(cfg, slots, capacity, chunk) if cfg.compile != "off" else []
+        self.memory = self._memory_plan(process, self.kv_plan, slots, capacity, chunk, buckets)
+        if cpu:
+            self.memory.check(free_bytes)
+        r.allocate(slots, capacity, cfg.max_step_tokens)
+        assert r.cache is not None and r.buffers is not None
+        self.cache, self.buffers = r.cache, r.buffers
         self.scheduler = Scheduler(slots, chunk)
         self.planner = StepPlanner(r.costs, slots, cfg.slo_tpot_ms, cfg.row_price, self.knowledge.yield_bias)
         self.prefixes = PrefixCache(cfg.prefix_cache_tokens) if cfg.prefix_cache_tokens else None
@@ -83,31 +104,50 @@ class Engine:
         self.step_s = 0.0  # whole steps, prefill included
         self.steps = 0  # lifetime counters, for health and leak checks
         self.aborted = 0
-        r.graphs = self._compiled_forward(cfg) if cfg.compile != "off" else None
+        if buckets:
+            store = PackageStore(cfg.compile_dir) if cfg.compile_dir else None
+            r.build_graphs(buckets, cfg.compile, store, cfg.compile_workers).start()
 
-    def _compiled_forward(self, cfg: EngineConfig) -> CompiledForward:
-        """The decode forward compiled for the configured buckets: before the first step ("on") or
-        on a background thread while steps run eagerly ("auto")."""
-        # The budget is a share of the memory free at start, so the slots differ per machine: a
-        # bucket wider than them is compiled at the slot count, which still holds every step.
-        fitted = cfg.buckets_within(self.max_batch)
-        over = sorted({batch for batch, _ in cfg.compile_buckets if batch > self.max_batch})
+    def _graph_buckets(self, cfg: EngineConfig, slots: int, capacity: int, chunk: int) -> list[Bucket]:
+        """On CPU one decode graph of every batch and width up to compile_max_width, and one for
+        prompt chunks (`compile_prefill`); on CUDA the fixed shapes of compile_buckets."""
+        if self.runner.device.type == "cpu":
+            out = [Bucket(slots, min(cfg.compile_max_width, cfg.max_step_tokens), capacity - 1)]
+            if cfg.compile_prefill and chunk > 1:
+                out.append(Bucket(1, chunk, capacity - 1, prefill=True))
+            return out
+        fitted = cfg.buckets_within(slots)
+        over = sorted({batch for batch, _ in cfg.compile_buckets if batch > slots})
         if over:
-            log.warning("engine.compile_buckets batch %s exceeds the %d KV slots of the plan (%s): compiled as "
-                        "batch %d", ", ".join(map(str, over)), self.max_batch, self.kv_plan.describe(), self.max_batch)
-        kvs = sorted({min(kv, self.cache.capacity) for kv in cfg.compile_kv}) or [self.cache.capacity]
-        cf = CompiledForward(self.runner.model, self.cache, batch_buckets={b for b, _ in fitted},
-                             width_buckets={w for _, w in fitted}, kv_buckets=kvs, lazy=False,
-                             gemm_autotune=cfg.compile_autotune, load_share=cfg.compile_load_share,
-                             threads=self.runner.threads)
-        buckets = [Bucket(b, w, kv) for b, w in fitted for kv in kvs]
-        if cfg.compile_prefill and cf.dynamic and cfg.prefill_chunk > 1:  # after the batch-1 graphs
-            buckets.insert(sum(b.batch == 1 for b in buckets), Bucket(1, cfg.prefill_chunk, kvs[-1], prefill=True))
-        cf.warmup(buckets) if cfg.compile == "on" else cf.compile_in_background(buckets)
-        return cf
+            log.warning("engine.compile_buckets batch %s exceeds the %d KV slots of the plan: compiled as batch %d",
+                        ", ".join(map(str, over)), slots, slots)
+        kvs = sorted({min(kv, capacity) for kv in cfg.compile_kv}) or [capacity]
+        return [Bucket(b, w, kv, dynamic=False) for b, w in fitted for kv in kvs]
+
+    def _beside_kv(self, cfg: EngineConfig, slots: int, capacity: int, chunk: int) -> int:
+        """What the graphs, the buffers and the compile workers take beside the KV slots (for a
+        fractional KV budget: the share is of the memory free beside them)."""
+        no_kv = KVPlan(0, capacity, self.runner.kv_bytes_per_token, 0, None, 0)
+        plan = self._memory_plan(0, no_kv, slots, capacity, chunk, self._graph_buckets(cfg, slots, capacity, chunk)
+                                 if cfg.compile != "off" else [])
+        return plan.beside_kv_bytes
+
+    def _memory_plan(self, process: int, kv: KVPlan, slots: int, capacity: int, chunk: int,
+                     buckets: list[Bucket]) -> MemoryPlan:
+        r, cfg = self.runner, self.config
+        item = r.dtype.itemsize
+        buffers = (3 * slots * cfg.max_step_tokens * 8  # step ids, positions, KV columns
+                   + chunk * capacity * item + chunk * chunk * item  # the prefill mask and its causal block
+                   + sum(b.batch * b.width * (min(b.kv, capacity - 1) * item + 24) for b in buckets))  # graph inputs
+        widest = max((b.batch * b.width for b in buckets if not b.prefill), default=slots * cfg.max_step_tokens)
+        compiling = r.device.type == "cpu" and cfg.compile != "off"
+        return MemoryPlan(process, r.weights.bytes, kv, buffers, self.knowledge.planned_bytes, len(buckets),
+                          len(buckets) * GRAPH_CODE_BYTES, widest * r.vocab_size * item,
+                          COMPILE_WORKSPACE_BYTES if compiling else 0,
+                          min(cfg.compile_workers, len(buckets)) if compiling else 0)
 
     @property
-    def compiled(self) -> CompiledForward | None:  # the runner's compiled decode graphs
+    def compiled(self) -> DecodeGraphs | None:  # the runner's compiled graphs
         return self.runner.graphs
 
     @property
@@ -116,20 +156,13 @@ class Engine:
         return self.prefiller.seconds
 
     def compile_status(self) -> list[dict]:
-        """The compiled decode buckets (`CompiledForward.status`), each with what steps of its batch
-        cost served, per width its graph runs them at, beside what they cost alone where it was
-        timed (for /health)."""
-        costs, cf = self.runner.costs, self.compiled
-        if cf is None:
+        """The compiled graphs (`DecodeGraphs.status`), each decode graph with what the steps it
+        runs cost served, per "b<batch>t<width>" (for /health)."""
+        graphs = self.compiled
+        if graphs is None:
             return []
-
-        def served(b: dict) -> dict[int, float]:
-            own = Bucket(b["batch"], b["width"], b["kv"])
-            return {w: round(ms, 3) for w in cf.graph_widths(own)
-                    if cf.ready_bucket_for(own.batch, w, min(own.kv, cf.scratch)) == own
-                    and (ms := costs.measured(own.batch, w)) is not None}
-
-        return [{**b, "served_ms": {} if b.get("prefill") else served(b)} for b in cf.status()]
+        served = self.runner.costs.table()
+        return [{**b, "served_ms": {} if b.get("prefill") else served} for b in graphs.status()]
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -159,8 +192,6 @@ class Engine:
         seq = Sequence.of(req, params, self.runner.layout, self.knowledge)
         self._seqs[req.request_id] = seq
         sched.add(seq)
-        if self.compiled is not None:
-            self.compiled.busy = True
 
     def abort(self, seq_id: str | int) -> bool:
         """Stop a request; its slot is freed at once, or at the next step if it is running. False
@@ -202,8 +233,6 @@ class Engine:
         for slot in range(self.max_batch):
             self.cache.lengths[slot] = 0
             self.buffers.reset_slot(slot, 0)
-        if self.compiled is not None:
-            self.compiled.busy = False
 
     def queue_depth(self) -> tuple[int, int]:
         """(running, waiting); the sequence being prefilled counts as waiting."""
@@ -213,10 +242,10 @@ class Engine:
     def has_work(self) -> bool:
         return bool(len(self.scheduler) or self._finished_early)
 
-    def time_idle(self) -> bool:
-        """With no request in, time one compiled graph made ready in the background
-        (`CompiledForward.time_pending`) on this thread, as its steps will run; True if one was."""
-        return self.compiled is not None and not self.has_work() and self.compiled.time_pending()
+    def time_idle(self, pending=lambda: False) -> bool:
+        """With no request in, time one cell of a compiled graph alone on this thread, as its
+        steps will run, stopping where `pending()` says a command waits; True if one was timed."""
+        return not self.has_work() and self.runner.time_idle(pending)
 
     # ---- the step -------------------------------------------------------------------------
 
@@ -242,8 +271,6 @@ class Engine:
         self._retire()
         self.steps += 1
         self.step_s += time.perf_counter() - t0
-        if self.compiled is not None:
-            self.compiled.busy, self.compiled.beat = self.has_work(), self.steps
         return outputs
 
     def _plan(self, batch: int) -> StepPlan:

@@ -116,15 +116,17 @@ Event = Accepted | Stepped | StepFailed | Idle | Status | Stopped
 class EngineLoop:
     """Steps `engine` while it has work, between batches of commands. `commands(timeout)` returns the
     commands that arrived (waiting up to `timeout` seconds for one; None: not at all); `emit` sends
-    one event. Returns on a StopCommand."""
+    one event; `pending()` says whether a command waits (work done while idle stops for it within
+    one graph call). Returns on a StopCommand."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def run(self, commands: Callable[[float | None], list[Command]], emit: Callable[[Event], None]) -> None:
+    def run(self, commands: Callable[[float | None], list[Command]], emit: Callable[[Event], None],
+            pending: Callable[[], bool] = lambda: False) -> None:
         engine, depth = self.engine, None
         while True:
-            busy = engine.has_work() or engine.time_idle()  # after a timing, only a look for commands
+            busy = engine.has_work() or engine.time_idle(pending)  # after a timing, only a look for commands
             for cmd in commands(None if busy else 0.5):
                 if isinstance(cmd, StopCommand):
                     return
@@ -180,7 +182,7 @@ class EngineThread:
     def start(self, on_event: Callable[[Event], None]) -> None:
         def run() -> None:
             try:
-                EngineLoop(self.engine).run(self._take, on_event)
+                EngineLoop(self.engine).run(self._take, on_event, lambda: bool(self._commands) or self._stopping)
             finally:
                 on_event(Stopped("the engine thread stopped"))
 

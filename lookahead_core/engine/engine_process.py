@@ -127,7 +127,13 @@ def _main(build: Build, conn: Connection) -> None:
             out.append(StopCommand())
         return out
 
+    def pending() -> bool:
+        try:
+            return conn.poll(0)
+        except (EOFError, OSError):
+            return True
+
     try:
-        EngineLoop(engine).run(commands, conn.send)
+        EngineLoop(engine).run(commands, conn.send, pending)
     except (BrokenPipeError, OSError):
         pass  # the caller's process is gone

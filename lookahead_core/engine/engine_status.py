@@ -29,6 +29,8 @@ def engine_status(engine: Engine) -> dict:
     return {
         "engine": {"pid": os.getpid(), "rss_mb": rss_mb(), "steps": engine.steps, "aborted_requests": engine.aborted},
         "kv_cache": {**engine.kv_plan.as_dict(), "max_seq_len": engine.max_seq_len},
+        "weights": engine.runner.weights.as_dict(),
+        "memory_plan": engine.memory.as_dict(),
         "auto_lookahead": engine.config.lookahead.label,
         "history": engine.knowledge.status(),
         "prefix_cache": None if engine.prefixes is None else engine.prefixes.status(),
@@ -36,6 +38,9 @@ def engine_status(engine: Engine) -> dict:
         "step_totals_ms": engine.runner.costs.totals(),
         "step_time_ms": step_time(engine),
         "compiled_decode": {"mode": engine.config.compile, "buckets": engine.compile_status(),
+                            "ready": compiled is not None and len(compiled.ready) == len(compiled.graphs),
+                            "timed": compiled is not None and len(compiled.ready) == len(compiled.graphs)
+                            and compiled.timed,
                             "eager_forwards": engine.runner.eager_forwards if compiled else None,
                             "graph_failures": compiled.graph_failures if compiled else None},
     }

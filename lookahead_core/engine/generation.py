@@ -10,8 +10,8 @@ import torch
 
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.model_runner import ModelRunner
 from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.runner.model_runner import ModelRunner
 from lookahead_core.engine.sequence_stats import SequenceStats
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams

@@ -7,13 +7,13 @@ import time
 import numpy as np
 import torch
 
-from lookahead_core.engine.kv_cache import BatchKVCache
 from lookahead_core.engine.logprobs import token_logprobs
-from lookahead_core.engine.model_runner import ModelRunner
-from lookahead_core.engine.prefix_cache import PrefixCache
+from lookahead_core.engine.runner.kv_cache import BatchKVCache
+from lookahead_core.engine.runner.model_runner import ModelRunner
+from lookahead_core.engine.runner.prefix_cache import PrefixCache
+from lookahead_core.engine.runner.step_buffers import BatchStepBuffers
 from lookahead_core.engine.scheduler import Scheduler
 from lookahead_core.engine.sequence import Sequence
-from lookahead_core.engine.step_buffers import BatchStepBuffers
 from lookahead_core.engine.verification import StepOutput, first_token
 from lookahead_core.lookahead.knowledge import ReplicaKnowledge
 

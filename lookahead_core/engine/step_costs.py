@@ -86,7 +86,7 @@ class StepCosts:
 
     def calibrate(self, table: Mapping[int, Mapping[int, float]]) -> None:
         """What steps cost alone in the graphs that run them, {batch: {width: ms}} with a one-token
-        step's (`CompiledForward.alone_costs`): each batch's bucket is priced by it from now on, and
+        step's (`DecodeGraphs.alone_costs`): each batch's bucket is priced by it from now on, and
         a bucket whose timings changed restarts (`forget`)."""
         timed = {}
         for batch, cells in table.items():

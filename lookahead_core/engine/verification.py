@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lookahead_core.engine.kv_cache import BatchKVCache
 from lookahead_core.engine.logprobs import TokenLogprob, token_logprobs
+from lookahead_core.engine.runner.kv_cache import BatchKVCache
 from lookahead_core.engine.sequence import Sequence
 from lookahead_core.engine.sequence_stats import SequenceStats
 from lookahead_core.engine.step_plan import StepPlan

@@ -169,7 +169,7 @@ def test_the_cluster_configs_keep_the_resending_ingress():
 def test_the_gpu_config_fits_an_80_gb_gpu_by_the_replicas_kv_arithmetic():
     """Llama-2-7B in float16 (32 layers, 32 KV heads of 128): what each replica of serve_gpu.yaml
     computes at start on an 80 GB card, 13.5 GB of weights and ~1 GB of CUDA context taken."""
-    from lookahead_core.engine.kv_budget import plan_kv
+    from lookahead_core.engine.runner.memory_plan import plan_kv
 
     raw = yaml.safe_load((PROJECT_ROOT / "configs" / "serve_gpu.yaml").read_text())
     for app in raw["applications"]:
@@ -190,7 +190,7 @@ def test_the_gpu_config_comments_state_the_kv_arithmetic():
     stored prompt prefixes, in slots of max_seq_len plus one step's rows (Llama-2-7B, 2-byte KV)."""
     import re
 
-    from lookahead_core.engine.kv_budget import plan_kv
+    from lookahead_core.engine.runner.memory_plan import plan_kv
 
     text = (PROJECT_ROOT / "configs" / "serve_gpu.yaml").read_text()
     stated = re.findall(r"at ([\d.]+) GiB per 4096-token slot.*?x (\d+) tokens, 4096 \+ (\d+) .*?= (\d+) slots", text, re.S)

@@ -114,19 +114,21 @@ def test_pin_cores_where_it_cannot_bind_is_refused_at_start_naming_why(args, nam
         AppArgs(**{"num_cpus": 2, "pin_cores": True, **args}).core_plan(cores=2)
 
 
-def test_pinned_apply_binds_the_stepping_thread_and_a_background_compile_takes_every_core():
+def test_pinned_apply_binds_the_stepping_thread_and_a_compile_worker_takes_every_core():
     code = """
 import json, os, threading
 from deployments.core_plan import CorePlan
-from lookahead_core.engine.compile_setup import start_low_priority
+from lookahead_core.engine.graphs.compile_worker import lowest_priority
 plan = CorePlan.build(num_cpus=2, cores=2, pin_cores=True)
 status = plan.apply()
 later, compile = [], []
+own = sorted(os.sched_getaffinity(0))
 w = threading.Thread(target=lambda: later.append(sorted(os.sched_getaffinity(0)))); w.start(); w.join()
-start_low_priority("c", lambda: compile.append(sorted(os.sched_getaffinity(0))), plan.step_threads().compile_cores).join()
-print(json.dumps({"status": status, "own": sorted(os.sched_getaffinity(0)), "later": later, "compile": compile}))
+lowest_priority(plan.step_threads().compile_cores)  # as a compile worker process does, first
+compile.append(sorted(os.sched_getaffinity(0)))
+print(json.dumps({"status": status, "own": own, "later": later, "compile": compile, "nice": os.nice(0)}))
 """
     out = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
     first, second = sorted(os.sched_getaffinity(0))[:2]
     assert out["own"] == out["later"][0] == out["status"]["engine_cores"] == [first]
-    assert out["compile"] == [[first, second]]
+    assert out["compile"] == [[first, second]] and out["nice"] == 19

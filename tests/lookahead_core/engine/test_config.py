@@ -5,12 +5,13 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from lookahead_core.engine import engine as engine_module
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.kv_budget import plan_kv
+from lookahead_core.engine.runner.memory_plan import plan_kv
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.models.random_models import build_random_model
 from tests.lookahead_core.helpers import req
@@ -24,34 +25,49 @@ def model():
     return build_random_model("llama", vocab_size=32)
 
 
-class RecordedCompile:
-    """Stands in for CompiledForward: records the buckets the engine asks for, compiles nothing."""
-
-    def __init__(self, model, cache, **kwargs) -> None:
-        self.kwargs = kwargs
-        self.buckets = None
-        self.dynamic = False  # static shapes: the decode buckets only, no prefill graph
-
-    def warmup(self, buckets):
-        self.buckets = buckets
-        return {}
-
-    def compile_in_background(self, buckets):
-        self.buckets = buckets
-
-
-def test_compile_buckets_beyond_the_kv_slots_are_compiled_at_the_slot_count(model, monkeypatch, caplog):
-    monkeypatch.setattr(engine_module, "CompiledForward", RecordedCompile)
+def test_cuda_graph_shapes_beyond_the_kv_slots_are_captured_at_the_slot_count(model, caplog):
+    """On CUDA, compile_buckets are the fixed shapes of CUDA graphs: one of more sequences than the
+    plan's slots is captured at the slot count (read on a CPU engine as a CUDA one would)."""
     config = EngineConfig(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16, kv_cache_memory="700KiB",
                           prefix_cache_tokens=0, compile="on", compile_buckets=[(1, 1), (4, 1), (4, 8)],
                           compile_kv=[64])
-    with caplog.at_level(logging.WARNING, logger=engine_module.log.name):
-        engine = Engine(model, config)
+    engine = Engine(model, config.model_copy(update={"compile": "off"}))
     assert engine.max_batch == 1
-    assert [(b.batch, b.width) for b in engine.compiled.buckets] == [(1, 1), (1, 8)]
-    assert engine.compiled.kwargs["batch_buckets"] == {1}
+    engine.runner.device = torch.device("cuda")
+    with caplog.at_level(logging.WARNING, logger=engine_module.log.name):
+        buckets = engine._graph_buckets(config, engine.max_batch, engine.cache.capacity, 16)
+    assert [(b.batch, b.width, b.kv, b.dynamic) for b in buckets] == [(1, 1, 64, False), (1, 8, 64, False)]
     warnings = [r.getMessage() for r in caplog.records if "compile_buckets" in r.getMessage()]
-    assert len(warnings) == 1 and "batch 4 exceeds the 1 KV slots" in warnings[0] and "1 slots x" in warnings[0]
+    assert len(warnings) == 1 and "batch 4 exceeds the 1 KV slots" in warnings[0]
+
+
+def test_cuda_graph_shapes_set_for_a_cpu_engine_are_refused(model):
+    config = EngineConfig(max_batch=4, max_seq_len=48, max_new_tokens=24, compile="auto", compile_buckets=[(1, 1)])
+    with pytest.raises(ValueError, match=r"engine\.compile_buckets set the shapes of CUDA graphs; on CPU one decode "
+                                         r"graph takes every batch"):
+        Engine(model, config)
+
+
+def test_a_cpu_engine_compiles_one_decode_graph_and_one_for_prompt_chunks(model):
+    engine = Engine(model, EngineConfig(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16))
+    config = EngineConfig(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16, compile="auto",
+                          compile_max_width=8)
+    buckets = engine._graph_buckets(config, 4, engine.cache.capacity, 16)
+    capacity = engine.cache.capacity
+    assert [(b.batch, b.width, b.kv, b.prefill, b.dynamic) for b in buckets] == [
+        (4, 8, capacity - 1, False, True), (1, 16, capacity - 1, True, True)]
+
+
+def test_a_plan_that_cannot_fit_beside_the_compile_workers_is_refused_at_start_naming_the_settings(model):
+    config = EngineConfig(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16, compile="auto",
+                          compile_workers=2)
+    plan = Engine(model, config.model_copy(update={"compile": "off"}), free_bytes=2**40).memory
+    assert plan.compile_bytes == 0
+    with pytest.raises(ValueError, match=r"memory plan does not fit: .* \+ 2 compile worker\(s\) x 3072 MiB need .*; "
+                                         r"lower engine\.kv_cache_memory or engine\.max_batch, "
+                                         r"engine\.compile_workers, or set engine\.compile: off"):
+        Engine(model, config, free_bytes=2 * 3 * 2**30)
+    assert Engine(model, config.model_copy(update={"compile": "off"}), free_bytes=2 * 3 * 2**30).max_batch == 4
 
 
 def test_prefill_chunk_is_bounded():
@@ -86,8 +102,7 @@ def test_history_tokens_one_is_refused_by_the_config():
 
 def test_without_a_kv_budget_the_slots_must_fit_free_memory(model):
     config = EngineConfig(max_batch=4)  # max_seq_len: the model's context, 1024
-    plan = Engine(model, config, free_bytes=2**40).kv_plan
-    need = plan.total_bytes + plan.learned_bytes  # on the CPU the learned tables share the free memory
+    need = Engine(model, config, free_bytes=2**40).memory.needed_bytes  # the learned tables share the free memory
     with pytest.raises(ValueError, match=r"without an engine\.kv_cache_memory budget .*max_batch=4 .*"
                                          r"is free after .* MiB of learned tables; set engine\.kv_cache_memory "
                                          r".*engine\.max_seq_len"):
@@ -102,14 +117,15 @@ def test_the_learned_tables_come_out_of_free_memory_before_the_kv(model):
     big = small.model_copy(update={"history_tokens": 2**20, "shared_pool_cap": 8})
     per_slot = Engine(model, small, free_bytes=2**40).kv_plan.bytes_per_slot
     learned = Engine(model, big, free_bytes=2**40).kv_plan.learned_bytes
+    beside = Engine(model, big, free_bytes=2**40).memory.beside_kv_bytes  # buffers and the widest step
     assert learned > 2**20 * 8 * 3  # the ring and one hash table per match length, 16 bytes a slot
-    free = learned + 40 * per_slot
+    free = learned + beside + 40 * per_slot
     assert Engine(model, small, free_bytes=free).kv_plan.slots > Engine(model, big, free_bytes=free).kv_plan.slots
     assert Engine(model, big, free_bytes=free).kv_plan.slots == 20 - 1  # half of the 40 left, less the prefixes
     assert "learned tables up to" in Engine(model, big, free_bytes=free).kv_plan.describe()
     with pytest.raises(ValueError, match=r"learned tables can grow to .* MiB but .* MiB is free; lower "
                                          r"engine\.history_tokens, engine\.shared_pool_keys"):
-        Engine(model, big, free_bytes=learned)
+        Engine(model, big, free_bytes=learned + beside)
 
 
 def test_successor_topk_above_the_vocabulary_is_refused_at_init(model):

@@ -4,8 +4,8 @@ import pytest
 from lookahead_core import LookaheadParams
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine, EngineOverloaded
-from lookahead_core.engine.model_runner import ModelRunner
 from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.runner.model_runner import ModelRunner
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.lookahead.pacing import StepKind
 from lookahead_core.lookahead.sampling import SamplingParams

@@ -5,7 +5,7 @@ from lookahead_core import LookaheadParams
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.generation import warm_up
-from lookahead_core.engine.model_runner import ModelRunner
+from lookahead_core.engine.runner.model_runner import ModelRunner
 from lookahead_core.engine.step_costs import StepCosts
 from lookahead_core.models.random_models import build_random_model
 from tests.lookahead_core.helpers import random_prompts, req

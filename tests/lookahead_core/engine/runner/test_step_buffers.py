@@ -1,6 +1,6 @@
 import torch
 
-from lookahead_core.engine.step_buffers import BatchStepBuffers
+from lookahead_core.engine.runner.step_buffers import BatchStepBuffers
 
 MIN = torch.finfo(torch.float32).min
 

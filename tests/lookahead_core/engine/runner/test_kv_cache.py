@@ -1,6 +1,6 @@
 import torch
 
-from lookahead_core.engine.kv_cache import BatchKVCache
+from lookahead_core.engine.runner.kv_cache import BatchKVCache
 
 
 def _kv(rows, t, fill):

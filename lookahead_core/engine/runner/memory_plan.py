@@ -1,6 +1,8 @@
-"""How many sequences fit: KV slots sized from a memory budget, as vLLM's gpu_memory_utilization does."""
+"""The engine's memory, planned before anything is allocated: how many KV slots fit a budget (as
+vLLM's gpu_memory_utilization does), and what the process holds beside them."""
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -82,3 +84,79 @@ def plan_kv(max_batch: int, capacity: int, bytes_per_token: int, mask_bytes_per_
             + "; raise engine.kv_cache_memory or lower engine.max_seq_len" + (" or engine.prefix_cache_tokens" if reserved else ""))
     return KVPlan(slots, capacity, bytes_per_token, per_slot, budget_bytes, slots * per_slot + reserved, reserved,
                   learned_bytes)
+
+
+def process_rss() -> int | None:
+    """This process's resident bytes."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# Before a graph is built its code is priced at this (a package's library: the decode step's wrapper and kernels)
+GRAPH_CODE_BYTES = 16 * 2**20
+# A compile worker's tracing and inductor's work on a decode step, beside the weights' shapes it
+# allocates (untouched where their layout needs no copy)
+COMPILE_WORKSPACE_BYTES = 3 * 2**30
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What the engine's process holds once every graph is ready, and what must be free beside it:
+    counted at start, refused there if it cannot fit, shown on /health."""
+
+    process_bytes: int  # the process when planned: the runtime and the model's one copy of its weights
+    weights_bytes: int  # of it, the weights
+    kv: KVPlan  # the KV slots, their step masks and the stored prompt prefixes
+    buffers_bytes: int  # the step and prefill buffers, the graphs' input buffers
+    learned_bytes: int  # the replica's learned tables at their largest
+    graphs: int  # compiled graphs
+    graph_code_bytes: int  # their code, mapped
+    step_peak_bytes: int  # the widest step's outputs, held while it runs
+    compile_bytes: int  # per compile worker, beside this process while graphs compile (0: none compiles)
+    compile_workers: int
+
+    @property
+    def steady_bytes(self) -> int:
+        """This process's resident set predicted with every graph ready, between steps."""
+        return (self.process_bytes + self.kv.total_bytes + self.buffers_bytes + self.learned_bytes
+                + self.graph_code_bytes)
+
+    @property
+    def needed_bytes(self) -> int:
+        """What must be free at start beside what the process holds already."""
+        return (self.steady_bytes - self.process_bytes + self.step_peak_bytes
+                + self.compile_workers * self.compile_bytes)
+
+    @property
+    def beside_kv_bytes(self) -> int:
+        """What must be free beside the KV slots and the learned tables."""
+        return self.needed_bytes - self.kv.total_bytes - self.learned_bytes
+
+    def check(self, free_bytes: int | None) -> None:
+        """Refuse a plan that cannot fit in `free_bytes` (None: not checked), naming the settings."""
+        if free_bytes is None or self.needed_bytes <= free_bytes:
+            return
+        mib = 2**20
+        compiling = (f" + {self.compile_workers} compile worker(s) x {self.compile_bytes / mib:.0f} MiB"
+                     if self.compile_bytes else "")
+        raise ValueError(
+            f"the memory plan does not fit: the KV cache {self.kv.total_bytes / mib:.0f} MiB + buffers "
+            f"{self.buffers_bytes / mib:.0f} MiB + learned tables {self.learned_bytes / mib:.0f} MiB + "
+            f"{self.graphs} graph(s) {self.graph_code_bytes / mib:.0f} MiB + the widest step's outputs "
+            f"{self.step_peak_bytes / mib:.0f} MiB{compiling} need {self.needed_bytes / mib:.0f} MiB, and "
+            f"{free_bytes / mib:.0f} MiB is free beside the process's {self.process_bytes / mib:.0f} MiB "
+            f"(weights {self.weights_bytes / mib:.0f} MiB); lower engine.kv_cache_memory or engine.max_batch"
+            + (", engine.compile_workers, or set engine.compile: off" if self.compile_bytes else ""))
+
+    def as_dict(self) -> dict:
+        mib = 2**20
+        return {"predicted_rss_mb": round(self.steady_bytes / mib, 1),
+                "process_at_start_mb": round(self.process_bytes / mib, 1),
+                "weights_mb": round(self.weights_bytes / mib, 1), "kv_cache_mb": round(self.kv.total_bytes / mib, 1),
+                "buffers_mb": round(self.buffers_bytes / mib, 1), "learned_tables_mb": round(self.learned_bytes / mib, 1),
+                "graphs": self.graphs, "graph_code_mb": round(self.graph_code_bytes / mib, 1),
+                "step_peak_mb": round(self.step_peak_bytes / mib, 1),
+                "compile_worker_mb": round(self.compile_bytes / mib, 1), "compile_workers": self.compile_workers}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lookahead_core.engine.kv_cache import BatchKVCache
+from lookahead_core.engine.runner.kv_cache import BatchKVCache
 
 
 @dataclass

@@ -77,6 +77,22 @@ class BatchKVCache(Cache):
         self.write_rows = self._row_ids[:0, None]
         super().__init__(layers=[BatchSlotLayer(self) for _ in range(num_layers)])
 
+    def allocate(self, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        """Every layer's slot tensors now, rather than at the first forward (compiled graphs take
+        them as inputs)."""
+        empty = torch.empty((1, kv_heads, 0, head_dim), dtype=dtype, device=self.device)
+        for layer in self.slot_layers:
+            if not layer.is_initialized:
+                layer.lazy_initialization(empty, empty)
+
+    def slot_tensors(self) -> list[torch.Tensor]:
+        """Each layer's keys then values."""
+        return [t for layer in self.slot_layers for t in (layer.keys, layer.values)]
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.nbytes for layer in self.slot_layers if layer.is_initialized for t in (layer.keys, layer.values))
+
     @property
     def slot_layers(self) -> list[BatchSlotLayer]:
         """`layers`, typed: every layer of this cache is a BatchSlotLayer."""

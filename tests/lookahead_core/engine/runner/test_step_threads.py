@@ -2,9 +2,9 @@
 step, eager or compiled."""
 import torch
 
-from lookahead_core.engine.kv_cache import BatchKVCache
-from lookahead_core.engine.model_runner import ModelRunner
-from lookahead_core.engine.step_threads import StepThreads
+from lookahead_core.engine.runner.kv_cache import BatchKVCache
+from lookahead_core.engine.runner.model_runner import ModelRunner
+from lookahead_core.engine.runner.step_threads import StepThreads
 from lookahead_core.models.random_models import build_random_model
 
 

@@ -7,8 +7,8 @@ import torch
 from lookahead_core import LookaheadParams
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.kv_cache import BatchKVCache
-from lookahead_core.engine.prefix_cache import PrefixCache
+from lookahead_core.engine.runner.kv_cache import BatchKVCache
+from lookahead_core.engine.runner.prefix_cache import PrefixCache
 from lookahead_core.models.random_models import build_random_model
 from tests.lookahead_core.helpers import NO_EOS, hf_greedy, min_top2_margin, req
 

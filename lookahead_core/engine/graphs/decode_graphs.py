@@ -1,0 +1,359 @@
+"""The runner's compiled graphs: which ready graph runs a step, replaying it, timing it alone.
+
+On CPU a graph is an AOTInductor package over the one copy of the weights (package_store.py):
+one decode graph takes every batch, width and key count the engine runs, a prefill graph any
+prompt chunk of any slot; packages not yet stored are compiled in worker processes
+(compile_worker.py) while steps run eagerly, and each loads the step after it is stored. On CUDA
+each bucket of `cuda_buckets` is `torch.compile`d with CUDA graphs at its fixed shape before the
+engine serves. Graphs hand over to the engine's thread through `poll`, the one place the set of
+ready graphs changes.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._inductor import list_mode_options
+
+from lookahead_core.engine.graphs import inductor
+from lookahead_core.engine.graphs.buckets import Bucket, cheapest
+from lookahead_core.engine.graphs.compile_worker import GraphJob, compile_in_worker, constants_signature
+from lookahead_core.engine.graphs.package_store import PackageName, PackageStore, Run, folder_bytes
+from lookahead_core.engine.graphs.staging import DynamicStaging, StaticStaging
+from lookahead_core.engine.graphs.step import GRAPH_SOURCE, StepModule, constants, decode_step, prefill_step
+from lookahead_core.engine.runner.step_threads import StepThreads
+
+log = logging.getLogger(__name__)
+
+TIMED_CALLS = 3  # a cell's cost alone: the fastest of these calls, after one untimed
+
+
+@dataclass
+class Graph:
+    """One bucket's graph and what it did."""
+
+    bucket: Bucket
+    staging: DynamicStaging | StaticStaging
+    run: Run | None = None  # set once ready
+    compile_s: float | None = None  # compile (or load) seconds
+    cached: bool | None = None  # loaded from the store
+    code_bytes: int = 0
+    calls: int = 0
+    alone_ms: dict[tuple[int, int], float] = field(default_factory=dict)  # (batch, width) -> ms, timed alone
+    untimed: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _digest(parts: Iterable[Any], size: int) -> str:
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=size)
+    for part in parts:
+        digest.update(repr(part).encode())
+    return digest.hexdigest()
+
+
+def _buffers_digest(model: torch.nn.Module) -> str:
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=8)
+    for name, t in model.named_buffers():
+        digest.update(name.encode())
+        digest.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _architecture(config: Any) -> str:
+    """The model config as far as it shapes the code (not where it was loaded from)."""
+    fields = config.to_dict()
+    for key in ("_name_or_path", "name_or_path", "_commit_hash", "transformers_version"):
+        fields.pop(key, None)
+    return repr(sorted(fields.items()))
+
+
+class DecodeGraphs:
+    """The compiled graphs of one runner over its model `step` modules and KV slot tensors `kv`.
+
+    `buckets`: the graphs (dynamic on CPU, static on CUDA). `mode`: "on" makes every graph ready
+    in `start` before it returns, "auto" serves at once and makes them ready in the background.
+    The logits a replay returns are a view of the graph's output, valid until its next call."""
+
+    def __init__(self, model: torch.nn.Module, kv: list[torch.Tensor], capacity: int, buckets: Iterable[Bucket], *,
+                 mode: str = "auto", store: PackageStore | None = None, layout: str = "plain",
+                 threads: StepThreads | None = None, workers: int = 1) -> None:
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.cuda = self.device.type == "cuda"
+        self.model, self.kv, self.capacity, self.scratch = model, kv, capacity, capacity - 1
+        self.mode, self.layout, self.threads, self.workers = mode, layout, threads, max(1, workers)
+        self.store = store or PackageStore()
+        self.steps = {False: StepModule(model, decode_step), True: StepModule(model, prefill_step)}
+        self._constants = constants(self.steps[False])  # the one copy each graph reads
+        self.graphs: dict[Bucket, Graph] = {}
+        for b in buckets:
+            staging_type = StaticStaging if not b.dynamic else DynamicStaging
+            self.graphs[b] = Graph(b, staging_type(b, kv, self.scratch, self.dtype, self.device))
+        self.ready: set[Bucket] = set()  # changed on the engine's thread only (`poll`)
+        self.failed: dict[Bucket, str] = {}
+        self.calls = 0
+        self.graph_failures = 0
+        self.changes = 0  # graphs made ready, dropped or timed, ever: what the runner's prices read
+        self._arrived: queue.SimpleQueue[tuple[Bucket, Run | None, str | None]] = queue.SimpleQueue()
+        self._arange = torch.arange(capacity, device=self.device)
+        self._worker: threading.Thread | None = None
+
+    # ---- making graphs ready ------------------------------------------------------------------
+
+    def name(self, bucket: Bucket) -> PackageName:
+        """A CPU graph's package name: its shape, the build, and what its code depends on."""
+        st = self.graphs[bucket].staging
+        assert isinstance(st, DynamicStaging)
+        # the buffers' values too: a graph takes those its code folds as they were when it was traced
+        rest = (_architecture(self.model.config), str(self.dtype), self.layout, bucket, st.export_dims(),
+                tuple(self.kv[0].shape), len(self.kv), sorted(inductor.aoti_options().items()),
+                constants_signature(self.steps[bucket.prefill]), _buffers_digest(self.model))
+        return PackageName(bucket.slug, _digest(inductor.build_key(GRAPH_SOURCE), 4), _digest(rest, 10))
+
+    def job(self, bucket: Bucket) -> GraphJob:
+        return GraphJob(bucket, self.name(bucket), str(self.store.root), type(self.model), self.model.config,
+                        self.dtype, self.layout, tuple(self.kv[0].shape), len(self.kv) // 2, self.scratch,
+                        constants_signature(self.steps[bucket.prefill]), inductor.aoti_options(),
+                        {name: t.detach().clone() for name, t in self.model.named_buffers()},
+                        self.threads.compile_cores if self.threads is not None else None)
+
+    def start(self) -> None:
+        """Make every graph ready: now ("on", or any mode on CUDA) or in the background ("auto")."""
+        if self.cuda:
+            for b in self.graphs:
+                self._arrived.put(self._compile_cuda(b))
+            self.poll()
+            return
+        if self.mode == "on":
+            self._make_ready()
+            self.poll()
+            return
+        self._worker = threading.Thread(target=self._make_ready, name="graphs", daemon=True)
+        self._worker.start()
+
+    def _make_ready(self) -> None:
+        """Stored packages load first, all of them; the rest compile, `workers` at a time."""
+        todo = list(self.graphs)
+        missing = [b for b in todo if not self._load(b, cached=True)]
+        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="compile") as pool:
+            list(pool.map(self._compile, missing))
+
+    def _load(self, bucket: Bucket, cached: bool) -> bool:
+        t0 = time.perf_counter()
+        name = self.name(bucket)
+        run = self.store.load(name, self._constants)
+        if run is None:
+            return False
+        g = self.graphs[bucket]
+        g.code_bytes = folder_bytes(self.store.folder(name))
+        if cached:
+            g.compile_s, g.cached = time.perf_counter() - t0, True
+        self._arrived.put((bucket, run, None))
+        return True
+
+    def _compile(self, bucket: Bucket) -> None:
+        g = self.graphs[bucket]
+        try:
+            g.compile_s = compile_in_worker(self.job(bucket))
+            g.cached = False
+            if not self._load(bucket, cached=False):
+                raise RuntimeError(f"the package of {bucket} was stored but does not load")
+            log.warning("compiled %s in %.1f s", bucket, g.compile_s)
+        except Exception as exc:  # a graph that cannot compile leaves its steps eager
+            log.exception("compiling %s failed; its steps run without it", bucket)
+            self._arrived.put((bucket, None, f"{type(exc).__name__}: {exc}"))
+
+    def _compile_cuda(self, bucket: Bucket) -> tuple[Bucket, Run | None, str | None]:
+        """CUDA graphs of one fixed shape: `torch.compile` with "reduce-overhead", on this thread."""
+        g = self.graphs[bucket]
+        options = {**list_mode_options("reduce-overhead"),
+                   "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+        step = torch.compile(self.steps[bucket.prefill], fullgraph=True, dynamic=False, options=options,
+                             **inductor.recompile_limit(len(self.graphs)))
+        for x in self.kv:
+            torch._dynamo.mark_static_address(x)
+
+        def run(inputs: list) -> list:
+            torch.compiler.cudagraph_mark_step_begin()
+            return list(step(*inputs[:5], inputs[5:]))
+
+        t0 = time.perf_counter()
+        try:
+            g.staging.pad(bucket.batch, bucket.width, bucket.kv)
+            with torch.inference_mode():
+                run(g.staging.inputs())
+        except Exception as exc:
+            log.exception("compiling %s failed; its steps run without it", bucket)
+            return bucket, None, f"{type(exc).__name__}: {exc}"
+        g.compile_s, g.cached = time.perf_counter() - t0, False
+        return bucket, run, None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the background work; True once nothing is compiling."""
+        if self._worker is not None:
+            self._worker.join(timeout)
+        return self._worker is None or not self._worker.is_alive()
+
+    def poll(self) -> bool:
+        """On the engine's thread: take the graphs made ready since the last call (each checked
+        against the eager forward first); True where the set of ready graphs changed."""
+        changed = False
+        while True:
+            try:
+                bucket, run, error = self._arrived.get_nowait()
+            except queue.Empty:
+                return changed
+            g = self.graphs[bucket]
+            if run is not None and error is None:
+                error = self._check(g, run)
+            if error is not None:
+                self.failed[bucket] = error
+                continue
+            g.run = run
+            g.untimed = bucket.timed_cells()
+            self.failed.pop(bucket, None)
+            self.ready.add(bucket)
+            self.changes += 1
+            changed = True
+
+    @torch.inference_mode()
+    def _check(self, g: Graph, run: Run) -> str | None:
+        """A graph's first call against the eager forward on the same padding step (it writes only
+        scratch columns): a package that does not compute the served model's step is never used."""
+        b = g.bucket
+        batch, width = (1, 1) if b.prefill or not b.dynamic else (min(2, b.batch), min(2, b.width))
+        if isinstance(g.staging, DynamicStaging):
+            g.staging.probe(batch, width, min(4, self.scratch))
+        else:
+            g.staging.pad(batch, width, 1)
+        inputs = g.staging.inputs()
+        try:
+            logits = run(list(inputs))[0]
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        eager = self.steps[b.prefill](*inputs[:5], inputs[5:])[0]
+        n = min(logits.shape[1], eager.shape[1])
+        got, want = logits[:batch, -n:].float(), eager[:batch, -n:].float()
+        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
+        if not torch.allclose(got, want, rtol=tol, atol=tol * max(1.0, want.abs().max().item())):
+            return f"its logits differ from the eager forward's by {(got - want).abs().max().item():.3g}"
+        return None
+
+    # ---- running --------------------------------------------------------------------------------
+
+    def can_run(self, rows: int, width: int, kv_len: int, cache) -> Bucket | None:
+        """The ready decode graph that runs a step of `rows` x `width` attending to `kv_len` keys
+        over the cache's rows [0, rows), or None: run it eagerly."""
+        lo, hi = cache.rows
+        if lo != 0 or hi != rows or kv_len > self.scratch:  # the scratch column stays outside every real write
+            return None
+        return cheapest(self.ready, rows, width, kv_len)
+
+    def can_prefill(self, width: int, kv_len: int, cache) -> Bucket | None:
+        """The ready prefill graph that runs a prompt chunk `width` tokens long of the one slot the
+        cache is prepared for, or None. Its graph returns the chunk's last row only."""
+        if cache.write_start is None or kv_len > self.scratch:
+            return None
+        return cheapest(self.ready, 1, width, kv_len, prefill=True)
+
+    def replay(self, bucket: Bucket, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
+               cache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(greedy next token [B, T], logits [B, T, V]) of the step in `bucket`'s graph; the cache is
+        prepared for the step. None when the graph raised: the bucket is dropped and the caller runs
+        the step eagerly (its writes go to the same KV columns)."""
+        rows, width = input_ids.shape
+        g = self.graphs[bucket]
+        assert g.run is not None
+        if cache.write_start is not None:
+            g.staging.stage(input_ids, position_ids, None, cache.write_start, mask, self._arange, cache.rows[0])
+        else:
+            g.staging.stage(input_ids, position_ids, cache.write_index, None, mask, self._arange)
+        try:
+            logits, pred = g.run(g.staging.inputs())
+        except Exception as exc:
+            self._drop(bucket, exc)
+            return None
+        g.calls += 1
+        self.calls += 1
+        return pred[:rows, :width], logits[:rows, :width]
+
+    def _drop(self, bucket: Bucket, exc: Exception) -> None:
+        """A ready graph that raised runs no more steps: the bucket turns failed (on /health) and
+        its steps run in another ready graph or eagerly."""
+        self.ready.discard(bucket)
+        self.failed[bucket] = f"{type(exc).__name__}: {exc}"
+        self.graph_failures += 1
+        self.changes += 1
+        log.exception("%s raised; its steps run without it from now on", bucket)
+
+    # ---- timing alone -------------------------------------------------------------------------
+
+    def time_pending(self, pending: Callable[[], bool] = lambda: False) -> bool:
+        """Time one cell of a ready graph not yet timed alone (`TIMED_CALLS` all-padding calls after
+        one untimed) on the calling thread, the engine's, while it has no request; stops at the
+        first call `pending()` says a command waits before. True if a cell was timed."""
+        g = next((g for g in self.graphs.values() if g.bucket in self.ready and g.untimed), None)
+        if g is None or g.run is None or pending():
+            return False
+        batch, width = g.untimed[0]
+        if self.threads is not None:
+            self.threads.use(batch, g.bucket.prefill)
+        kv_len = min(256, self.scratch)
+        times = []
+        with torch.inference_mode():
+            g.staging.pad(batch, width, kv_len)
+            inputs = g.staging.inputs()
+            for _ in range(TIMED_CALLS + 1):
+                if pending():
+                    return False
+                t0 = time.perf_counter()
+                g.run(list(inputs))
+                if self.cuda:
+                    torch.cuda.synchronize(self.device)
+                times.append((time.perf_counter() - t0) * 1000.0)
+        g.alone_ms[(batch, width)] = round(min(times[1:]), 3)
+        g.untimed.pop(0)
+        self.changes += 1
+        return True
+
+    @property
+    def timed(self) -> bool:
+        """Every ready graph timed alone at each of its cells."""
+        return all(not self.graphs[b].untimed for b in self.ready)
+
+    def alone_costs(self) -> dict[int, dict[int, float]]:
+        """{batch: {width: ms}}: what a step of each timed cell costs alone in the ready decode
+        graph that runs it."""
+        table: dict[int, dict[int, float]] = {}
+        for b in self.ready:
+            if b.prefill:
+                continue
+            for (batch, width), ms in self.graphs[b].alone_ms.items():
+                if cheapest(self.ready, batch, width, min(256, self.scratch)) == b:
+                    table.setdefault(batch, {})[width] = ms
+        return table
+
+    def code_bytes(self) -> int:
+        return sum(g.code_bytes for g in self.graphs.values() if g.bucket in self.ready)
+
+    def status(self) -> list[dict]:
+        """Every graph: its shape, whether it runs, its compile (or load) seconds, whether it came
+        from the store, its calls, and what its steps cost alone per "b<batch>t<width>"."""
+        return [{"batch": b.batch, "width": b.width, "kv": b.kv, **({"prefill": True} if b.prefill else {}),
+                 "dynamic": b.dynamic, "ready": b in self.ready,
+                 "compile_s": None if g.compile_s is None else round(g.compile_s, 1), "cached": g.cached,
+                 "code_mb": round(g.code_bytes / 2**20, 1), "calls": g.calls,
+                 "alone_ms": {f"b{bb}t{w}": ms for (bb, w), ms in sorted(g.alone_ms.items())},
+                 "timed_alone": b in self.ready and not g.untimed,
+                 **({"error": self.failed[b]} if b in self.failed else {})}
+                for b, g in list(self.graphs.items())]

@@ -1,0 +1,202 @@
+"""The owner of the model, its one copy of the weights, the KV slots, the step buffers and the
+compiled graphs; every forward of the engine goes through it."""
+from __future__ import annotations
+
+import inspect
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from lookahead_core.engine.graphs.buckets import Bucket, powers_of_two
+from lookahead_core.engine.graphs.decode_graphs import DecodeGraphs
+from lookahead_core.engine.graphs.package_store import PackageStore
+from lookahead_core.engine.runner.kv_cache import BatchKVCache
+from lookahead_core.engine.runner.step_buffers import BatchStepBuffers
+from lookahead_core.engine.runner.step_threads import StepThreads
+from lookahead_core.engine.runner.weights import WeightLayout, WeightsInfo, apply_layout, resolve_layout
+from lookahead_core.engine.step_costs import StepCosts
+from lookahead_core.lookahead.layout import StepLayout
+from lookahead_core.lookahead.params import LookaheadParams
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc's `malloc_trim`): laying weights out frees
+    the loaded copy, and glibc keeps freed pages resident."""
+    import contextlib
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+class ModelRunner:
+    """Holds a causal LM, lays its weights out once for every forward (`weights`), and calls it
+    with explicit positions, a 4D float mask and a cache: in the compiled graph that holds a step
+    (`graphs`, once built), else eagerly. Learns what its decode forwards cost (`costs`)."""
+
+    def __init__(self, model: torch.nn.Module, costs: StepCosts | None = None, max_layouts: int = 32,
+                 threads: StepThreads | None = None, weight_layout: WeightLayout = "auto") -> None:
+        self.model = model
+        self.costs = costs or StepCosts()
+        self.threads = threads  # torch threads per forward by its batch; None: the process's, untouched
+        param = next(model.parameters())
+        self.device = param.device
+        self.dtype = param.dtype
+        self.weights: WeightsInfo = apply_layout(model, resolve_layout(weight_layout, self.device, self.dtype))
+        release_freed_memory()
+        self.graphs: DecodeGraphs | None = None
+        self.cache: BatchKVCache | None = None
+        self.buffers: BatchStepBuffers | None = None
+        self.eager_forwards = 0  # decode forwards no graph held (or whose graph raised)
+        self._graph_changes = -1
+        config: Any = model.config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.num_layers = int(config.num_hidden_layers)
+        self.vocab_size = int(config.vocab_size)
+        self.context_length = getattr(config, "max_position_embeddings", None)
+        heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        self.kv_bytes_per_token = self.num_layers * 2 * self.kv_heads * self.head_dim * self.dtype.itemsize
+        self.sliding_window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+        self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.generation_config = getattr(model, "generation_config", None)
+        # Clients choose (N, W, G) per request, so the layouts kept are bounded (least recently used out).
+        self._layouts: OrderedDict[LookaheadParams | None, StepLayout] = OrderedDict()
+        self.max_layouts = max_layouts
+
+    # ---- memory the runner owns ------------------------------------------------------------------
+
+    def allocate(self, slots: int, capacity: int, max_step_tokens: int) -> None:
+        """The KV slots and the step buffers, once."""
+        self.cache = BatchKVCache(self.num_layers, slots, capacity, self.device)
+        self.cache.allocate(self.kv_heads, self.head_dim, self.dtype)
+        self.buffers = BatchStepBuffers(slots, max_step_tokens, capacity, self.dtype, self.device)
+
+    def build_graphs(self, buckets: Sequence[Bucket], mode: str, store: PackageStore | None = None,
+                     workers: int = 1) -> DecodeGraphs:
+        """The compiled graphs over this runner's weights and KV slots (`allocate` first); `start`
+        makes them ready."""
+        assert self.cache is not None, "allocate the KV slots first"
+        self.graphs = DecodeGraphs(self.model, self.cache.slot_tensors(), self.cache.capacity, buckets, mode=mode,
+                                   store=store, layout=self.weights.layout, threads=self.threads, workers=workers)
+        return self.graphs
+
+    # ---- requests' checks and layouts ------------------------------------------------------------
+
+    def layout(self, params: LookaheadParams | None) -> StepLayout:
+        """The step layout for `params`, built once per (N, W, G, tree rows) on this model's dtype and
+        device while in use; a sequence keeps its own reference."""
+        key = None if params is None else LookaheadParams(params.n, params.w, params.g, lookup=params.lookup,
+                                                          successors=params.successors)
+        lay = self._layouts.get(key)
+        if lay is None:
+            lay = self._layouts[key] = StepLayout(key, self.dtype, self.device)
+            while len(self._layouts) > self.max_layouts:
+                self._layouts.popitem(last=False)
+        self._layouts.move_to_end(key)
+        return lay
+
+    def check_tokens(self, tokens: Sequence[int], top_logprobs: int = 0) -> None:
+        """Token ids, and the logprobs asked per token, within the vocabulary."""
+        bad = next((t for t in tokens if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {self.vocab_size})")
+        if top_logprobs > self.vocab_size:
+            raise ValueError(f"{top_logprobs} logprobs per token exceed the model's vocabulary of {self.vocab_size} tokens")
+
+    def check_length(self, total_tokens: int) -> None:
+        if self.context_length is not None and total_tokens > self.context_length:
+            raise ValueError(
+                f"prompt plus max_new_tokens is {total_tokens} tokens, beyond the model's context "
+                f"length of {self.context_length}"
+            )
+        if self.sliding_window is not None and total_tokens > self.sliding_window:
+            raise ValueError(
+                f"prompt plus max_new_tokens is {total_tokens} tokens, beyond the model's sliding "
+                f"window of {self.sliding_window}; sliding-window masks are not supported yet"
+            )
+
+    # ---- forwards ----------------------------------------------------------------------------------
+
+    def _eager(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, cache,
+               logits_to_keep: int | None = None) -> torch.Tensor:
+        """The one uncompiled forward: logits [B, T', V]."""
+        kwargs = {"logits_to_keep": logits_to_keep} if logits_to_keep is not None and self._takes_logits_to_keep else {}
+        return self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache,
+                          use_cache=True, **kwargs).logits
+
+    def sync_graphs(self) -> None:
+        """Take graphs made ready in the background; where the graphs changed (ready, dropped or
+        timed), the batches they run restart their costs, priced by what the graphs cost alone."""
+        graphs = self.graphs
+        if graphs is None:
+            return
+        before = set(graphs.ready)
+        graphs.poll()
+        for changed in before ^ graphs.ready:
+            for batch in powers_of_two(changed.batch):
+                self.costs.forget(batch)
+        if graphs.changes != self._graph_changes:
+            self._graph_changes = graphs.changes
+            self.costs.calibrate(graphs.alone_costs())
+
+    def prefill(self, input_ids: torch.Tensor, start: int, cache, mask: torch.Tensor | None = None,
+                all_logits: bool = False) -> torch.Tensor:
+        """Write the keys of `input_ids` [B, T] at positions start.. into the cache; logits [B, T', V]
+        whose last row follows the last token (every row with `all_logits`, for prompt logprobs).
+        Without `mask` the model applies its causal mask. A chunk a ready graph holds runs in it:
+        the prefill graph (the last row's logits), else, for the cache's first slot, the decode
+        graph (every row's, which `all_logits` needs)."""
+        positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
+        if self.threads is not None:
+            self.threads.use(input_ids.shape[0], prefill=True)
+        graphs = self.graphs
+        if graphs is not None and mask is not None and input_ids.shape[0] == 1:
+            self.sync_graphs()
+            width, kv_len = input_ids.shape[1], mask.shape[-1]
+            bucket = None if all_logits else graphs.can_prefill(width, kv_len, cache)
+            if bucket is None and cache.rows == (0, 1):
+                bucket = graphs.can_run(1, width, kv_len, cache)
+            out = None if bucket is None else graphs.replay(bucket, input_ids, positions, mask, cache)
+            if out is not None:
+                return out[1]
+        return self._eager(input_ids, positions, mask, cache, 0 if all_logits else 1)
+
+    def decode(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache,
+               topk: int = 0) -> tuple[np.ndarray, torch.Tensor]:
+        """(greedy next token after every input position [B, T], then with `topk` its k likeliest
+        [B, T, 1 + k]; logits [B, T, V]). The tokens reach the host in one transfer, the step's one
+        sync; sampling reads the logits rows it needs. In the graph that holds the step, else
+        eagerly; a graph that raises is dropped and the step runs eagerly."""
+        self.sync_graphs()
+        if self.threads is not None:
+            self.threads.use(input_ids.shape[0])
+        t0 = time.perf_counter()
+        out = None
+        graphs = self.graphs
+        if graphs is not None:
+            bucket = graphs.can_run(input_ids.shape[0], input_ids.shape[1], mask.shape[-1], cache)
+            out = None if bucket is None else graphs.replay(bucket, input_ids, position_ids, mask, cache)
+        if out is None:
+            self.eager_forwards += 1
+            logits = self._eager(input_ids, position_ids, mask, cache)
+            out = logits.argmax(dim=-1), logits
+        pred, logits = out
+        if topk:  # argmax stays the greedy token: topk's order among equal logits is not argmax's
+            pred = torch.cat([pred.unsqueeze(-1), logits.topk(topk, dim=-1, sorted=True).indices], dim=-1)
+        tokens = pred.cpu().numpy()
+        self.costs.observe(input_ids.shape[0], input_ids.shape[1], (time.perf_counter() - t0) * 1000.0)
+        return tokens, logits
+
+    def time_idle(self, pending=lambda: False) -> bool:
+        """With no request in, time one cell of a ready graph alone on this thread (the engine's),
+        as its steps will run; True if one was."""
+        if self.graphs is None:
+            return False
+        self.sync_graphs()
+        return self.graphs.time_pending(pending)

@@ -120,7 +120,8 @@ def served_folder(args: dict) -> str:
     return model_folder(resolve_path(m.path), m.gguf_file, m.resolved_cache_dir())
 
 
-def in_process(app_args: dict, prompts: list[str], users: list[int], modes: list[str], max_tokens: int) -> list[dict]:
+def in_process(app_args: dict, prompts: list[str], users: list[int], modes: list[str], max_tokens: int,
+               requests: int | None = None) -> list[dict]:
     """Our engine without the server: the served config's engine and core plan in this process, its
     buckets compiled before timing, driven as the served levels are (`users` requests in flight,
     each level's prompts through the chat template, each mode side by side), each level's forwards
@@ -138,7 +139,7 @@ def in_process(app_args: dict, prompts: list[str], users: list[int], modes: list
     model, tokenizer = load_model(resolve_path(m.path), gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
                                   cache_dir=m.resolved_cache_dir(), chat_template=m.chat_template)
     cfg = args.engine.model_copy(update={"compile": "on" if args.engine.compile != "off" else "off"})
-    engine = Engine(ModelRunner(model, threads=core_plan.step_threads()), cfg)
+    engine = Engine(ModelRunner(model, threads=core_plan.step_threads(), weight_layout=cfg.weight_layout), cfg)
     eos = model.generation_config.eos_token_id
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
                                          return_dict=False) for p in prompts]
@@ -147,7 +148,7 @@ def in_process(app_args: dict, prompts: list[str], users: list[int], modes: list
     for u in users:
         for mode in modes:
             before = engine.runner.costs.totals()
-            r = run_engine(engine, ids, u, max(prompts_per_level(u, len(ids)), u), max_tokens, mode, eos=eos)
+            r = run_engine(engine, ids, u, max(prompts_per_level(u, len(ids), requests), u), max_tokens, mode, eos=eos)
             costs, forwards = level_costs(before, engine.runner.costs.totals())
             rows.append({"server": f"in-process-{mode}", "users": u, "tokens": r["tokens"],
                          "tokens_per_s": round(r["tokens_per_s"], 2), "torch_threads": plan["torch_threads"],
@@ -172,7 +173,7 @@ def ours_ready(url: str, timeout_s: float, proc: subprocess.Popen | None, starte
         buckets = health.json().get("compiled_decode", {}).get("buckets") or []
         if all(b["ready"] or "error" in b for b in buckets):
             seen.setdefault("ready", now)
-        return all((b["ready"] and b["timed_alone"] is not None) or "error" in b for b in buckets)
+        return all((b["ready"] and b["timed_alone"]) or "error" in b for b in buckets)
 
     wait_for(check, timeout_s, "our server", proc, interval_s=0.5)
     done = time.time()
@@ -181,21 +182,22 @@ def ours_ready(url: str, timeout_s: float, proc: subprocess.Popen | None, starte
 
 
 def run_levels(url: str, name: str, prompts: list[str], users: list[int], max_tokens: int, model: str,
-               extra: dict) -> list[dict]:
+               extra: dict, requests: int | None = None) -> list[dict]:
     bodies = [chat_body(p, max_tokens=max_tokens, model=model, **extra) for p in prompts]
     for b in bodies[:2]:  # warm: first requests of a fresh process pay one-off costs
         generate(url, b, route="/v1/chat/completions")
     rows = []
     for u in users:
-        row = {"server": name, "users": u, **level(url, bodies[: max(prompts_per_level(u, len(bodies)), u)], u)}
+        row = {"server": name, "users": u, **level(url, bodies[: max(prompts_per_level(u, len(bodies), requests), u)], u)}
         rows.append(row)
         print(fmt(row), flush=True)
     return rows
 
 
-def prompts_per_level(users: int, available: int) -> int:
-    """Enough requests that every user runs several after the ramp, and no prompt twice."""
-    return min(available, max(12, 6 * users))
+def prompts_per_level(users: int, available: int, requests: int | None = None) -> int:
+    """Enough requests that every user runs several after the ramp, and no prompt twice (or
+    `requests` of them, for a model too slow for that)."""
+    return min(available, requests if requests is not None else max(12, 6 * users))
 
 
 def fmt(r: dict) -> str:
@@ -245,8 +247,8 @@ def served_steps(rows: list[dict], health: dict) -> list[str]:
     """Each of our levels' one-token step at its users' batch: its mean served cost over the level
     against the same cell's mean in-process at the same level and mode (the in-process rows), and
     against the same graph timed alone on the engine's thread at the start (the fastest of a few calls)."""
-    alone = {b["batch"]: b["alone_ms"]["1"] for b in health.get("compiled_decode", {}).get("buckets") or []
-             if (b.get("alone_ms") or {}).get("1")}
+    alone = {int(cell[1:].split("t")[0]): ms for b in health.get("compiled_decode", {}).get("buckets") or []
+             if not b.get("prefill") for cell, ms in (b.get("alone_ms") or {}).items() if cell.endswith("t1")}
     by = {(r["server"], r["users"]): r for r in rows}
     lines = []
     for r in rows:
@@ -268,6 +270,27 @@ def served_steps(rows: list[dict], health: dict) -> list[str]:
     return lines
 
 
+def tree_rss_mb(pid: int) -> float | None:
+    """Resident MiB of a process and every process under it."""
+    try:
+        import psutil
+
+        root = psutil.Process(pid)
+        return round(sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**20, 1)
+    except Exception:
+        return None
+
+
+def memory_line(health: dict) -> str:
+    """Our replica's processes (its own and its engine's) against the engine's memory plan."""
+    replica = health.get("replica") or {}
+    plan = health.get("memory_plan") or {}
+    engine = replica.get("engine_rss_mb")
+    return (f"replica's processes {replica.get('rss_mb')} MiB (engine process {engine} MiB, planned "
+            f"{plan.get('predicted_rss_mb')} MiB: weights {plan.get('weights_mb')}, KV {plan.get('kv_cache_mb')}, "
+            f"graphs {plan.get('graphs')})")
+
+
 def _count(row: dict, cell: str) -> str:
     n = (row.get("step_forwards") or {}).get(cell)
     return f" ({n} forwards)" if n else ""
@@ -281,6 +304,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompts", default="chat")
     ap.add_argument("--config", default="serve_config.yaml", help="our served config")
+    ap.add_argument("--model", default=None,
+                    help="a save_pretrained folder both servers load (ours: model.path, named after the folder)")
+    ap.add_argument("--requests", type=int, default=None,
+                    help="requests per level (default: 6 per user, 12 at least; fewer for a slow model)")
     ap.add_argument("--history", choices=("on", "off"), default="off",
                     help="our replica's cross-request history and shared pool (off: nothing copied across requests)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -291,8 +318,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--vllm-args", default="--max-model-len 1024 --max-num-seqs 16",
                     help="extra vLLM server arguments")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--ready-timeout", type=float, default=2400,
-                    help="seconds for a server to be ready (ours compiles its ten graphs in ~20 minutes on 2 cores where none is stored)")
+    ap.add_argument("--ready-timeout", type=float, default=1200,
+                    help="seconds for a server to be ready (ours: its graphs compiled, where none is stored, and timed)")
     ap.add_argument("--logs", default="results/bench_serving")
     ap.add_argument("--json", default=None)
     ap.add_argument("--in-process-only", default=None, help=argparse.SUPPRESS)  # the in-process phase's own process
@@ -301,13 +328,14 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = read_prompts(args.prompts)
     if args.in_process_only:
         app = yaml.safe_load(Path(args.config).read_text())["applications"][0]["args"]
-        in_rows = in_process(app, prompts, users, args.modes.split(","), args.max_tokens)
+        in_rows = in_process(app, prompts, users, args.modes.split(","), args.max_tokens, args.requests)
         Path(args.in_process_only).write_text(json.dumps(in_rows))
         return {"rows": in_rows}
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
+    model_set = [f"model.path={Path(args.model).resolve()}", f"model.name={Path(args.model).name}"] if args.model else []
     config_path, app_args = served_config(args.config, args.history == "on", args.port, logs / "serve_config.yaml",
-                                          args.set)
+                                          [*model_set, *args.set])
     name = app_args.get("model", {}).get("name") or "SmolLM2-135M-Instruct"
     rows: list[dict] = []
     health: dict = {}
@@ -317,7 +345,8 @@ def main(argv: list[str] | None = None) -> dict:
             out = logs / "in_process.json"
             subprocess.run([sys.executable, "-m", "benchmarks.bench_serving", "--in-process-only", str(out),
                             "--config", str(config_path), "--max-tokens", str(args.max_tokens),
-                            "--prompts", args.prompts, "--users", args.users, "--modes", args.modes], check=True)
+                            "--prompts", args.prompts, "--users", args.users, "--modes", args.modes,
+                            *(["--requests", str(args.requests)] if args.requests else [])], check=True)
             rows += json.loads(out.read_text())
             print(f"in-process (compiled, {rows[-1]['torch_threads']} torch threads): "
                   f"step_costs_ms={json.dumps({r['server'] + str(r['users']): r['step_costs_ms'] for r in rows})}", flush=True)
@@ -339,15 +368,18 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"ours: model={health['model']} dtype={health['dtype']} cpu_capability={health['cpu_capability']} "
                       f"torch_threads={health['torch_threads']} history={args.history} "
                       f"core_plan={json.dumps(health.get('core_plan'))}", flush=True)
+                print(f"ours, every graph ready: {memory_line(health)}", flush=True)
                 print(HEADER, flush=True)
                 for u in users:  # the modes side by side at each level: a host that drifts moves both
                     for mode in args.modes.split(","):
                         before = requests.get(url + "/health", timeout=30).json().get("step_totals_ms", {})
-                        rows += run_levels(url, f"ours-{mode}", prompts, [u], args.max_tokens, name, {"lookahead": mode})
+                        rows += run_levels(url, f"ours-{mode}", prompts, [u], args.max_tokens, name, {"lookahead": mode},
+                                           args.requests)
                         after_level = requests.get(url + "/health", timeout=30).json().get("step_totals_ms", {})
                         rows[-1]["step_costs_ms"], rows[-1]["step_forwards"] = level_costs(before, after_level)
                 after = requests.get(url + "/health", timeout=30).json()
                 print(f"ours after: step_costs_ms={json.dumps(after.get('step_costs_ms'))}", flush=True)
+                print(f"ours after the levels: {memory_line(after)}", flush=True)
                 health["after"] = after
             finally:
                 if proc is not None:
@@ -368,7 +400,10 @@ def main(argv: list[str] | None = None) -> dict:
                          args.ready_timeout, "vLLM", proc and proc.proc)
                 print(f"vllm: dtype={dtype}", flush=True)
                 print(HEADER, flush=True)
-                rows += run_levels(url, "vllm", prompts, users, args.max_tokens, name, {})
+                rows += run_levels(url, "vllm", prompts, users, args.max_tokens, name, {}, args.requests)
+                if proc is not None:
+                    health["vllm_rss_mb"] = tree_rss_mb(proc.proc.pid)
+                    print(f"vllm after the levels: its processes {health['vllm_rss_mb']} MiB", flush=True)
             finally:
                 if proc is not None:
                     proc.stop()

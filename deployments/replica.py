@@ -120,6 +120,7 @@ class ModelReplica:
             # rss_mb: the replica's memory, its engine process's included
             "replica": {"pid": os.getpid(), "started_at": round(self.started, 3),
                         "rss_mb": (rss or 0) + (process.get("rss_mb") or 0) if own else rss,
+                        "engine_rss_mb": process.get("rss_mb"),
                         "engine": self.async_engine.host.kind, "engine_pid": process.get("pid"),
                         "engine_steps": process.get("steps"), "aborted_requests": process.get("aborted_requests")},
             **{k: v for k, v in engine.items() if k != "engine"},

@@ -148,7 +148,7 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _buckets_fit(self) -> EngineConfig:
-        if self.compile == "off" or "compile_buckets" not in self.model_fields_set:
+        if self.compile == "off" or self.compile_buckets == type(self).model_fields["compile_buckets"].default:
             return self
         if not self.compile_buckets:
             raise ValueError("compile is on but compile_buckets is empty (CUDA graphs need at least one shape)")
@@ -171,7 +171,8 @@ class EngineConfig(BaseModel):
     def check_device(self, device: str) -> None:
         """Settings that apply to one kind of device only, refused on the other where set."""
         if device == "cpu":
-            cuda_only = sorted({"compile_buckets", "compile_kv"} & self.model_fields_set)
+            # not `model_fields_set`: a config that crossed a process as a dump has every field set
+            cuda_only = [f for f in ("compile_buckets", "compile_kv") if getattr(self, f) != type(self).model_fields[f].default]
             if cuda_only and self.compile != "off":
                 raise ValueError(f"engine.{' and engine.'.join(cuda_only)} set the shapes of CUDA graphs; on CPU one "
                                  f"decode graph takes every batch, width and key count (up to engine.compile_max_width "

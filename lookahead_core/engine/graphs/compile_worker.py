@@ -57,9 +57,9 @@ def shaped_model(model_class: type, config: Any, dtype: torch.dtype, layout: str
     """The served model's modules over uninitialised tensors, laid out as the served model's."""
     with torch.device("meta"):
         model = model_class._from_config(config, dtype=dtype)  # type: ignore[attr-defined]
-    model.to_empty(device="cpu")
+    model.to_empty(device="cpu")  # untouched pages: not resident
     model.tie_weights()
-    apply_layout(model, layout)
+    apply_layout(model, layout, copy=False)
     return model.eval()
 
 

@@ -82,8 +82,10 @@ def _linears(model: nn.Module):
                 yield parent, name, child
 
 
-def apply_layout(model: nn.Module, layout: str) -> WeightsInfo:
-    """Lay out every linear layer's weight for `layout`, in place; the old tensors are released."""
+def apply_layout(model: nn.Module, layout: str, copy: bool = True) -> WeightsInfo:
+    """Lay out every linear layer's weight for `layout`, in place; the old tensors are released.
+    Without `copy` a "transposed" weight is a new uninitialised tensor of the layout (a model
+    whose values do not matter: a compile worker's)."""
     count = 0
     if layout == "transposed":
         # a tied weight is laid out once, for all that hold it (the old one kept here: its id stays its own)
@@ -94,7 +96,8 @@ def apply_layout(model: nn.Module, layout: str) -> WeightsInfo:
             if id(weight) not in done:
                 data = weight.detach()
                 if data.stride() != (1, data.shape[0]):  # not already [in, out] storage
-                    data = data.t().contiguous().t()
+                    data = data.t().contiguous().t() if copy else torch.empty(
+                        data.shape[::-1], dtype=data.dtype, device=data.device).t()
                 done[id(weight)] = (weight, nn.Parameter(data, requires_grad=False))
             linear.weight = done[id(weight)][1]
         # modules that held the old tensor beside a linear (a tied embedding) take the new one
@@ -111,7 +114,7 @@ def apply_layout(model: nn.Module, layout: str) -> WeightsInfo:
         raise ValueError(f"unknown weight layout {layout!r}")
     if layout == "plain":
         count = sum(1 for _ in _linears(model))
-    else:
+    elif copy:
         laid_out = {id(p) for p in model.parameters() if p.is_mkldnn or _transposed(p)}
         _own_storage(model, laid_out)
     return WeightsInfo(layout, weight_bytes(model), count)

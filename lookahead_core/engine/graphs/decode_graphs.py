@@ -48,6 +48,7 @@ class Graph:
     calls: int = 0
     alone_ms: dict[tuple[int, int], float] = field(default_factory=dict)  # (batch, width) -> ms, timed alone
     untimed: list[tuple[int, int]] = field(default_factory=list)
+    timing: dict[tuple[int, int], list[float]] = field(default_factory=dict)  # the calls of a cell under way
 
 
 def _digest(parts: Iterable[Any], size: int) -> str:
@@ -299,31 +300,30 @@ class DecodeGraphs:
     # ---- timing alone -------------------------------------------------------------------------
 
     def time_pending(self, pending: Callable[[], bool] = lambda: False) -> bool:
-        """Time one cell of a ready graph not yet timed alone (`TIMED_CALLS` all-padding calls after
-        one untimed) on the calling thread, the engine's, while it has no request; stops at the
-        first call `pending()` says a command waits before. True if a cell was timed."""
+        """One call of a ready graph not yet timed alone, on the calling thread (the engine's, while
+        it has no request), toward its next cell: `TIMED_CALLS` all-padding calls after an untimed
+        one, the fastest its cost alone. One call a turn, so a command that arrives waits for one
+        call at most and the cell goes on at the next idle turn. True if a call ran."""
         g = next((g for g in self.graphs.values() if g.bucket in self.ready and g.untimed), None)
         if g is None or g.run is None or pending():
             return False
-        batch, width = g.untimed[0]
+        batch, width = cell = g.untimed[0]
         if self.threads is not None:
             self.threads.use(batch, g.bucket.prefill)
-        kv_len = min(256, self.scratch)
-        times = []
         with torch.inference_mode():
-            g.staging.pad(batch, width, kv_len)
-            inputs = g.staging.inputs()
-            for _ in range(TIMED_CALLS + 1):
-                if pending():
-                    return False
-                t0 = time.perf_counter()
-                g.run(list(inputs))
-                if self.cuda:
-                    torch.cuda.synchronize(self.device)
-                times.append((time.perf_counter() - t0) * 1000.0)
-        g.alone_ms[(batch, width)] = round(min(times[1:]), 3)
-        g.untimed.pop(0)
-        self.changes += 1
+            g.staging.pad(batch, width, min(256, self.scratch))
+            t0 = time.perf_counter()
+            g.run(g.staging.inputs())
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            ms = (time.perf_counter() - t0) * 1000.0
+        times = g.timing.setdefault(cell, [])
+        times.append(ms)
+        if len(times) > TIMED_CALLS:
+            g.alone_ms[cell] = round(min(times[1:]), 3)
+            g.untimed.pop(0)
+            del g.timing[cell]
+            self.changes += 1
         return True
 
     @property

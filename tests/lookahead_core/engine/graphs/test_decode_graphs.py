@@ -203,8 +203,8 @@ def test_a_package_that_does_not_compute_the_served_step_is_never_used(model, gr
 
 def test_timing_alone_prices_each_cell_and_stops_for_a_pending_command(model, graph_store):
     """Each ready graph is timed alone cell by cell (batch x width) on the calling thread, without
-    touching a committed key; with a command pending it stops before its next graph call, so a
-    request waits for one call at most."""
+    touching a committed key, one graph call a turn: a command that arrives waits for one call at
+    most, and a cell interrupted by commands (a health probe every turn) still completes."""
     runner = _runner(model, graph_store)
     graphs = runner.graphs
     before = [layer.keys[:, :, : CAP - 1].clone() for layer in runner.cache.layers]
@@ -212,10 +212,11 @@ def test_timing_alone_prices_each_cell_and_stops_for_a_pending_command(model, gr
     calls = []
     run = g.run
     g.run = lambda inputs: calls.append(1) or run(inputs)
-    assert runner.time_idle(pending=lambda: len(calls) >= 2) is False  # stopped after two calls
-    assert len(calls) == 2 and not g.alone_ms
+    assert runner.time_idle(pending=lambda: True) is False and not calls  # a command waits: no call
+    assert runner.time_idle() and len(calls) == 1 and not g.alone_ms  # one call a turn
     while runner.time_idle():
-        pass
+        assert runner.time_idle(pending=lambda: True) is False  # a command between every two calls
+    assert len(calls) == 4 * len(DECODE.timed_cells())
     assert graphs.timed and set(g.alone_ms) == set(DECODE.timed_cells())
     assert all(ms > 0 for ms in g.alone_ms.values())
     for layer, keys in zip(runner.cache.layers, before):

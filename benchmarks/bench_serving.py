@@ -285,9 +285,11 @@ def memory_line(health: dict) -> str:
     """Our replica's processes (its own and its engine's) against the engine's memory plan."""
     replica = health.get("replica") or {}
     plan = health.get("memory_plan") or {}
-    engine = replica.get("engine_rss_mb")
-    return (f"replica's processes {replica.get('rss_mb')} MiB (engine process {engine} MiB, planned "
-            f"{plan.get('predicted_rss_mb')} MiB: weights {plan.get('weights_mb')}, KV {plan.get('kv_cache_mb')}, "
+    engine, planned = replica.get("engine_rss_mb"), plan.get("predicted_rss_mb")
+    ratio = f", {engine / planned:.2f}x the plan" if engine and planned else ""
+    total = replica.get("rss_mb")
+    return (f"replica's processes {total if total is None else round(total, 1)} MiB (engine process {engine} MiB, "
+            f"planned {planned} MiB{ratio}: weights {plan.get('weights_mb')}, KV {plan.get('kv_cache_mb')}, "
             f"graphs {plan.get('graphs')})")
 
 
@@ -317,6 +319,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     ap.add_argument("--vllm-args", default="--max-model-len 1024 --max-num-seqs 16",
                     help="extra vLLM server arguments")
+    ap.add_argument("--vllm-kv-gib", type=float, default=1.0,
+                    help="vLLM's KV space (VLLM_CPU_KVCACHE_SPACE), GiB: the KV our served config's budget gives")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--ready-timeout", type=float, default=1200,
                     help="seconds for a server to be ready (ours: its graphs compiled, where none is stored, and timed)")
@@ -394,7 +398,7 @@ def main(argv: list[str] | None = None) -> dict:
                        "--served-model-name", name, "--dtype", dtype, "--host", "127.0.0.1",
                        "--port", str(args.port + 1), *args.vllm_args.split()]
                 print("vllm:", " ".join(cmd), flush=True)
-                proc = Server(cmd, {"VLLM_CPU_KVCACHE_SPACE": "1"}, logs / "vllm.log")
+                proc = Server(cmd, {"VLLM_CPU_KVCACHE_SPACE": f"{args.vllm_kv_gib:g}"}, logs / "vllm.log")
             try:
                 wait_for(lambda url=url: requests.get(url + "/v1/models", timeout=10).status_code == 200,
                          args.ready_timeout, "vLLM", proc and proc.proc)

@@ -17,6 +17,7 @@ from lookahead_core.engine.request import EngineRequest
 from lookahead_core.engine.runner.memory_plan import (
     COMPILE_WORKSPACE_BYTES,
     GRAPH_CODE_BYTES,
+    ONEDNN_CACHE_BYTES,
     KVPlan,
     MemoryPlan,
     free_memory,
@@ -143,8 +144,11 @@ class Engine:
         compiling = r.device.type == "cpu" and cfg.compile != "off"
         return MemoryPlan(process, r.weights.bytes, kv, buffers, self.knowledge.planned_bytes, len(buckets),
                           len(buckets) * GRAPH_CODE_BYTES, widest * r.vocab_size * item,
-                          COMPILE_WORKSPACE_BYTES if compiling else 0,
-                          min(cfg.compile_workers, len(buckets)) if compiling else 0)
+                          # a worker packs its own uninitialised copy of the weights for oneDNN
+                          COMPILE_WORKSPACE_BYTES + (r.weights.bytes if r.weights.layout == "onednn" else 0)
+                          if compiling else 0,
+                          min(cfg.compile_workers, len(buckets)) if compiling else 0,
+                          ONEDNN_CACHE_BYTES if r.weights.layout == "onednn" else 0)
 
     @property
     def compiled(self) -> DecodeGraphs | None:  # the runner's compiled graphs
@@ -242,10 +246,10 @@ class Engine:
     def has_work(self) -> bool:
         return bool(len(self.scheduler) or self._finished_early)
 
-    def time_idle(self, pending=lambda: False) -> bool:
-        """With no request in, time one cell of a compiled graph alone on this thread, as its
-        steps will run, stopping where `pending()` says a command waits; True if one was timed."""
-        return not self.has_work() and self.runner.time_idle(pending)
+    def idle_turn(self, pending=lambda: False) -> bool:
+        """With no request in, the runner's idle work (`ModelRunner.idle_turn`), none where
+        `pending()` says a command waits; True if a graph call ran."""
+        return not self.has_work() and self.runner.idle_turn(pending)
 
     # ---- the step -------------------------------------------------------------------------
 

@@ -126,7 +126,7 @@ class EngineLoop:
             pending: Callable[[], bool] = lambda: False) -> None:
         engine, depth = self.engine, None
         while True:
-            busy = engine.has_work() or engine.time_idle(pending)  # after a timing, only a look for commands
+            busy = engine.has_work() or engine.idle_turn(pending)  # after a timing, only a look for commands
             for cmd in commands(None if busy else 0.5):
                 if isinstance(cmd, StopCommand):
                     return

@@ -26,8 +26,9 @@ def test_levels_send_each_prompt_once_and_compare_auto_with_off(server, tmp_path
 
 
 def test_served_steps_hold_each_level_against_in_process_and_alone():
-    health = {"compiled_decode": {"buckets": [{"batch": 1, "alone_ms": {"1": 20.0}}, {"batch": 4, "alone_ms": {"1": 25.0}},
-                                              {"batch": 8, "alone_ms": {"4": 40.0}}, {"batch": 16, "alone_ms": {}}]}}
+    health = {"compiled_decode": {"buckets": [  # one decode graph timed alone at each (batch, width) cell
+        {"batch": 16, "width": 64, "alone_ms": {"b1t1": 20.0, "b4t1": 25.0, "b8t4": 40.0}},
+        {"batch": 1, "width": 128, "prefill": True, "alone_ms": {"b1t1": 5.0}}]}}  # prefill cells are not steps
     rows = [{"server": "in-process-auto", "users": 1, "step_costs_ms": {"b1t1": 21.0}, "step_forwards": {"b1t1": 40}},
             {"server": "in-process-off", "users": 3, "step_costs_ms": {"b4t1": 24.0}},
             {"server": "in-process-auto", "users": 8, "step_costs_ms": {"b8t1": 40.0}},
@@ -65,3 +66,11 @@ def test_level_costs_are_the_mean_of_the_forwards_between_two_reads():
     before = {"b1t1": (100.0, 10), "b4t1": (60.0, 2)}
     after = {"b1t1": (160.0, 13), "b4t1": (60.0, 2), "b8t1": (90.0, 3)}  # b4t1 did not run; b8t1 first ran
     assert bench_serving.level_costs(before, after) == ({"b1t1": 20.0, "b8t1": 30.0}, {"b1t1": 3, "b8t1": 3})
+
+
+def test_the_memory_line_holds_the_engine_process_against_its_plan():
+    health = {"replica": {"rss_mb": 2033.6999999999998, "engine_rss_mb": 1547.3},
+              "memory_plan": {"predicted_rss_mb": 1187.6, "weights_mb": 310.6, "kv_cache_mb": 411.8, "graphs": 2}}
+    assert bench_serving.memory_line(health) == ("replica's processes 2033.7 MiB (engine process 1547.3 MiB, planned "
+                                                 "1187.6 MiB, 1.30x the plan: weights 310.6, KV 411.8, graphs 2)")
+    assert "x the plan" not in bench_serving.memory_line({"replica": {"rss_mb": None}})

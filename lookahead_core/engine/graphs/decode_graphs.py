@@ -78,6 +78,22 @@ def _architecture(config: Any) -> str:
     return repr(sorted(fields.items()))
 
 
+def logits_differ(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> str | None:
+    """Why a graph's logits [B, T, V] are not the eager forward's, or None. float32: every
+    position within 1e-3 of its scale. bf16 and fp16 round a fused graph's sums once where the
+    eager forward rounds each op, and at a position of outsized activations the two (both a
+    float32 forward's neighbours) can differ by a third of the logits' range: three positions
+    in four within 5e-2 of their scale."""
+    tol = 1e-3 if dtype == torch.float32 else 5e-2
+    err = (got - want).abs().amax(-1)
+    off = err > tol * want.abs().amax(-1).clamp(min=1.0)
+    allowed = 0 if dtype == torch.float32 else off.numel() // 4
+    if int(off.sum()) > allowed:
+        return (f"its logits differ from the eager forward's by up to {err.max().item():.3g} at "
+                f"{int(off.sum())} of {off.numel()} positions")
+    return None
+
+
 class DecodeGraphs:
     """The compiled graphs of one runner over its model `step` modules and KV slot tensors `kv`.
 
@@ -92,6 +108,8 @@ class DecodeGraphs:
         self.device, self.dtype = param.device, param.dtype
         self.cuda = self.device.type == "cuda"
         self.model, self.kv, self.capacity, self.scratch = model, kv, capacity, capacity - 1
+        config: Any = model.config
+        self.vocab_size = int(config.vocab_size)
         self.mode, self.layout, self.threads, self.workers = mode, layout, threads, max(1, workers)
         self.store = store or PackageStore()
         self.steps = {False: StepModule(model, decode_step), True: StepModule(model, prefill_step)}
@@ -229,26 +247,30 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def _check(self, g: Graph, run: Run) -> str | None:
-        """A graph's first call against the eager forward on the same padding step (it writes only
-        scratch columns): a package that does not compute the served model's step is never used."""
+        """A graph's first call against the eager forward on the same step, the first tokens of a
+        sequence in the first slots, whose columns are kept and put back after (a check never
+        changes a running sequence's keys): a package that does not compute the served model's
+        step is never used."""
         b = g.bucket
-        batch, width = (1, 1) if b.prefill or not b.dynamic else (min(2, b.batch), min(2, b.width))
+        batch, width = (1, min(4, b.width)) if b.prefill or not b.dynamic else (min(2, b.batch), min(4, b.width))
         if isinstance(g.staging, DynamicStaging):
-            g.staging.probe(batch, width, min(4, self.scratch))
+            g.staging.probe(batch, width, self.vocab_size)
+            kept = [t[:batch, :, :width].clone() for t in self.kv]
         else:
             g.staging.pad(batch, width, 1)
+            kept = []
         inputs = g.staging.inputs()
         try:
-            logits = run(list(inputs))[0]
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-        eager = self.steps[b.prefill](*inputs[:5], inputs[5:])[0]
+            try:
+                logits = run(list(inputs))[0]
+            except Exception as exc:
+                return f"{type(exc).__name__}: {exc}"
+            eager = self.steps[b.prefill](*inputs[:5], inputs[5:])[0]
+        finally:
+            for t, k in zip(self.kv, kept):
+                t[:batch, :, :width].copy_(k)
         n = min(logits.shape[1], eager.shape[1])
-        got, want = logits[:batch, -n:].float(), eager[:batch, -n:].float()
-        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
-        if not torch.allclose(got, want, rtol=tol, atol=tol * max(1.0, want.abs().max().item())):
-            return f"its logits differ from the eager forward's by {(got - want).abs().max().item():.3g}"
-        return None
+        return logits_differ(logits[:batch, -n:].float(), eager[:batch, -n:].float(), self.dtype)
 
     # ---- running --------------------------------------------------------------------------------
 

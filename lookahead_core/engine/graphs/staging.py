@@ -65,15 +65,18 @@ class DynamicStaging:
         if self.bucket.prefill:
             rows.fill_(0)
 
-    def probe(self, batch: int, width: int, kv_len: int) -> None:
-        """A step of varied tokens at varied positions that sees keys [0, kv_len) and writes only
-        scratch columns: a check of a graph against the eager forward."""
-        self.pad(batch, width, kv_len)
-        ids, pos, mask, _, _ = self._views
-        n = batch * width
-        ids.copy_(torch.arange(1, n + 1, device=ids.device).view(batch, width) % 7 + 1)
-        pos.copy_(torch.arange(n, device=pos.device).view(batch, width) % width + kv_len)
-        mask.zero_()
+    def probe(self, batch: int, width: int, vocab: int) -> None:
+        """The first `width` tokens of a sequence in each of slots [0, batch): varied ordinary
+        tokens at positions [0, width), each written at its own column and attending to the
+        columns up to it, as a prompt's first tokens do (keys the step did not write, zeros at
+        start, make a degenerate state whose logits differ between two correct forwards in bf16).
+        The caller keeps and restores those columns: a check of a graph against the eager forward."""
+        self.pad(batch, width, width)
+        ids, pos, mask, cols, _ = self._views
+        ids.copy_((torch.arange(batch * width, device=ids.device).view(batch, width) * 7919 + 1000) % vocab)
+        pos.copy_(torch.arange(width, device=pos.device).expand(batch, width))
+        cols.copy_(pos)
+        mask.copy_(torch.full((width, width), self.min, dtype=mask.dtype, device=mask.device).triu_(1))
 
     def example(self) -> Inputs:
         """Padding inputs at the sizes a graph is exported with: two or more where a size varies,

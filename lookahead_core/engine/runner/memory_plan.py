@@ -100,6 +100,10 @@ GRAPH_CODE_BYTES = 16 * 2**20
 # A compile worker's tracing and inductor's work on a decode step, beside the weights' shapes it
 # allocates (untouched where their layout needs no copy)
 COMPILE_WORKSPACE_BYTES = 3 * 2**30
+# oneDNN keeps a primitive per GEMM shape (each row count of each weight shape a step runs) up to
+# its cache's capacity, 1024 by default; a packed bf16 GEMM's primitive holds its JIT code and
+# buffers (measured with `PackedLinear` over SmolLM2's five weight shapes)
+ONEDNN_CACHE_BYTES = 1024 * 192 * 2**10
 
 
 @dataclass(frozen=True)
@@ -114,21 +118,22 @@ class MemoryPlan:
     learned_bytes: int  # the replica's learned tables at their largest
     graphs: int  # compiled graphs
     graph_code_bytes: int  # their code, mapped
-    step_peak_bytes: int  # the widest step's outputs, held while it runs
+    step_peak_bytes: int  # the widest step's outputs: the heap keeps their pages once a step held them
     compile_bytes: int  # per compile worker, beside this process while graphs compile (0: none compiles)
     compile_workers: int
+    kernel_cache_bytes: int = 0  # the GEMM library's cached kernels at its capacity (oneDNN's primitives)
 
     @property
     def steady_bytes(self) -> int:
-        """This process's resident set predicted with every graph ready, between steps."""
+        """This process's resident set predicted with every graph ready, once it has served steps
+        of every shape (the widest step's outputs and the kernels cached for each GEMM shape)."""
         return (self.process_bytes + self.kv.total_bytes + self.buffers_bytes + self.learned_bytes
-                + self.graph_code_bytes)
+                + self.graph_code_bytes + self.step_peak_bytes + self.kernel_cache_bytes)
 
     @property
     def needed_bytes(self) -> int:
         """What must be free at start beside what the process holds already."""
-        return (self.steady_bytes - self.process_bytes + self.step_peak_bytes
-                + self.compile_workers * self.compile_bytes)
+        return self.steady_bytes - self.process_bytes + self.compile_workers * self.compile_bytes
 
     @property
     def beside_kv_bytes(self) -> int:
@@ -146,7 +151,8 @@ class MemoryPlan:
             f"the memory plan does not fit: the KV cache {self.kv.total_bytes / mib:.0f} MiB + buffers "
             f"{self.buffers_bytes / mib:.0f} MiB + learned tables {self.learned_bytes / mib:.0f} MiB + "
             f"{self.graphs} graph(s) {self.graph_code_bytes / mib:.0f} MiB + the widest step's outputs "
-            f"{self.step_peak_bytes / mib:.0f} MiB{compiling} need {self.needed_bytes / mib:.0f} MiB, and "
+            f"{self.step_peak_bytes / mib:.0f} MiB + cached GEMM kernels {self.kernel_cache_bytes / mib:.0f} MiB"
+            f"{compiling} need {self.needed_bytes / mib:.0f} MiB, and "
             f"{free_bytes / mib:.0f} MiB is free beside the process's {self.process_bytes / mib:.0f} MiB "
             f"(weights {self.weights_bytes / mib:.0f} MiB); lower engine.kv_cache_memory or engine.max_batch"
             + (", engine.compile_workers, or set engine.compile: off" if self.compile_bytes else ""))
@@ -159,4 +165,5 @@ class MemoryPlan:
                 "buffers_mb": round(self.buffers_bytes / mib, 1), "learned_tables_mb": round(self.learned_bytes / mib, 1),
                 "graphs": self.graphs, "graph_code_mb": round(self.graph_code_bytes / mib, 1),
                 "step_peak_mb": round(self.step_peak_bytes / mib, 1),
+                "kernel_cache_mb": round(self.kernel_cache_bytes / mib, 1),
                 "compile_worker_mb": round(self.compile_bytes / mib, 1), "compile_workers": self.compile_workers}

@@ -52,6 +52,7 @@ class ModelRunner:
         self.cache: BatchKVCache | None = None
         self.buffers: BatchStepBuffers | None = None
         self.eager_forwards = 0  # decode forwards no graph held (or whose graph raised)
+        self._forwards_since_trim = False
         self._graph_changes = -1
         config: Any = model.config
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -153,6 +154,7 @@ class ModelRunner:
         the prefill graph (the last row's logits), else, for the cache's first slot, the decode
         graph (every row's, which `all_logits` needs)."""
         positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
+        self._forwards_since_trim = True
         if self.threads is not None:
             self.threads.use(input_ids.shape[0], prefill=True)
         graphs = self.graphs
@@ -174,6 +176,7 @@ class ModelRunner:
         sync; sampling reads the logits rows it needs. In the graph that holds the step, else
         eagerly; a graph that raises is dropped and the step runs eagerly."""
         self.sync_graphs()
+        self._forwards_since_trim = True
         if self.threads is not None:
             self.threads.use(input_ids.shape[0])
         t0 = time.perf_counter()
@@ -193,10 +196,16 @@ class ModelRunner:
         self.costs.observe(input_ids.shape[0], input_ids.shape[1], (time.perf_counter() - t0) * 1000.0)
         return tokens, logits
 
-    def time_idle(self, pending=lambda: False) -> bool:
-        """With no request in, time one cell of a ready graph alone on this thread (the engine's),
-        as its steps will run; True if one was."""
-        if self.graphs is None:
-            return False
-        self.sync_graphs()
-        return self.graphs.time_pending(pending)
+    def idle_turn(self, pending=lambda: False) -> bool:
+        """With no request in: time one call of a ready graph alone on this thread (the engine's),
+        as its steps will run (True: one ran); once that is done, hand the heap pages the forwards
+        since the last idle turn freed back to the OS (glibc keeps freed step outputs resident,
+        and the process would hold its busiest moment's working set for good)."""
+        if self.graphs is not None:
+            self.sync_graphs()
+            if self.graphs.time_pending(pending):
+                return True
+        if self._forwards_since_trim:
+            self._forwards_since_trim = False
+            release_freed_memory()
+        return False

@@ -2,7 +2,7 @@
 
 A decode step is a parallel region: it is as slow as its slowest thread, so one thread preempted by
 the HTTP stack (Serve's proxy, the ingress, the replica's own event loop, Ray's processes, a client
-on the same machine) stalls the whole step. The rules, measured in docs/BENCHMARKS.md ("Core plan"):
+on the same machine) stalls the whole step. The rules, measured in CHANGELOG.md ("Core plan"):
 
 * A replica that asks for every core this machine gives it leaves one to the HTTP stack: torch runs
   `cores - 1` threads (at least one). A replica given fewer cores than the machine has (a cluster
@@ -19,11 +19,11 @@ on the same machine) stalls the whole step. The rules, measured in docs/BENCHMAR
   or with Serve's HAProxy ingress HAProxy and the actor that starts it (`apply_http`, in the
   replica's process). Left at Ray's 15, a step on every core starved them
   (a request's first token came 8x later than in-process at 16 users); at the engine's 0 they
-  preempt its steps more (docs/BENCHMARKS.md, "The HTTP stack above Ray's priority").
+  preempt its steps more (CHANGELOG.md, "The HTTP stack above Ray's priority").
 * `pin_cores` (off by default) binds the engine's stepping thread to its threads' cores and the
   HTTP stack on its node to the rest, as vLLM's CPU server binds its model thread; every step then
   runs on `torch_threads`. On two cores it served as fast as the unbound plan with one thread
-  (docs/BENCHMARKS.md, "One thread bound to one core"), so it stays an option.
+  (CHANGELOG.md, "One thread bound to one core"), so it stays an option.
 
 The plan is applied where the engine steps (`apply`: in the engine's process, or the replica's).
 `torch_threads` in the app args overrides the thread rule; `nice: null` and `http_nice: null` leave

@@ -2,7 +2,7 @@
 
 In the replica's process the engine thread shares one GIL with the event loop, Ray's streaming and
 the text work of every request: each time a step's Python (the planner, the graph's wrapper, the
-verdicts) waits for the GIL, the step waits (docs/BENCHMARKS.md, "The engine in its own process":
+verdicts) waits for the GIL, the step waits (CHANGELOG.md, "The engine in its own process":
 a Python thread busy beside the engine slowed its step, a busy process did not). Here the engine
 owns its process: it takes commands and sends events (engine_loop.py) over one pipe, and a reader
 thread in the caller's process hands them to `AsyncEngine`. The process also holds its own

@@ -35,7 +35,8 @@ from lookahead_core.cli.prompt_sets import read_prompt_set
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.generation import GenerationStats
-from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.host.status import graph_status
+from lookahead_core.engine.io import EngineRequest
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.loading import DEFAULT_MODEL, load_model
 
@@ -452,8 +453,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{name}: decode step compiled once in {compile_s[name]:.1f}s (not in the figures), static cache "
                   f"{peer.max_cache_len} tokens")
         print(f"{recompiles} recompiles after warm-up (every compiled peer)")
-    if bench.engine is not None and bench.engine.compiled is not None:
-        status = bench.engine.compile_status()
+    if bench.engine is not None and bench.engine.runner.graphs is not None:
+        status = graph_status(bench.engine)
         eager = bench.engine.runner.eager_forwards
         print(f"our engine: graphs ready in {engine_compile_s:.1f}s (not in the figures); "
               f"{eager} decode forwards ran eagerly (outside every graph)")
@@ -472,7 +473,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if compiled is not None:
         report["hf_compiled"] = compiled
-    if bench.engine is not None and bench.engine.compiled is not None:
+    if bench.engine is not None and bench.engine.runner.graphs is not None:
         report["engine_compiled"] = engine_report
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

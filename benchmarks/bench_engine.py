@@ -27,7 +27,7 @@ from benchmarks.bench_decode import load_prompts
 from lookahead_core import LookaheadParams, ModelRunner, generate
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.io import EngineRequest
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.loading import DEFAULT_MODEL, load_model
 
@@ -120,12 +120,12 @@ def main(argv: list[str] | None = None) -> dict:
     if len(prompts) < most:  # a repeated prompt would find its own earlier output in the shared pool
         sys.exit(f"{args.prompts} holds {len(prompts)} prompts; the largest level needs {most} distinct ones")
     lookahead = [LookaheadParams.parse(item) for item in args.configs.split(";") if item.strip()]
-    runner = ModelRunner(model)
+    runner = ModelRunner(model)  # the single-request rows': an engine's runner holds that engine's KV
     base = dict(max_batch=max(levels), max_new_tokens=args.max_new_tokens, prefill_chunk=256)
     engines, compile_s = {}, None
     for mode in args.engine_compile.split(","):
         if mode == "off":
-            engines[""] = Engine(runner, EngineConfig(**base))
+            engines[""] = Engine(ModelRunner(model), EngineConfig(**base))
             continue
         shapes: dict = {"compile_dir": args.compile_dir}
         if args.device != "cpu":
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = str(model.dtype).removeprefix("torch.")
     print(f"model={args.model} dtype={dtype} device={device} max_new_tokens={args.max_new_tokens} threads={torch.get_num_threads()}")
     for tag, engine in engines.items():
-        if engine.compiled is not None:
+        if engine.runner.graphs is not None:
             print(f"engine{tag}: buckets compiled in {compile_s:.1f}s (not in the figures); "
                   f"{engine.runner.eager_forwards} decode forwards ran eagerly (outside every bucket)")
     head = "".join(f"{'c=' + str(c):>10}" for c in levels)

@@ -20,7 +20,7 @@ import torch
 import lookahead_core
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.io import EngineRequest
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.loading import DEFAULT_MODEL, load_model
 
@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> dict:
               "threads": torch.get_num_threads(), "package": str(Path(lookahead_core.__file__).parent.parent)}
     for mode in ("off", "auto"):
         engine.knowledge.clear()  # each mode meets the prompts new, then again
-        if engine.prefixes is not None:
-            engine.prefixes.clear()
+        if engine.runner.prefixes is not None:
+            engine.runner.prefixes.clear()
         for rep, name in enumerate(("new", "repeat")):
             ms = [first_token_ms(engine, f"{mode}-{rep}-{i}", p, mode, args.max_new_tokens) for i, p in enumerate(prompts)]
             report[f"{mode}/{name}"] = round(statistics.median(ms), 1)

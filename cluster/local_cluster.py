@@ -60,6 +60,16 @@ def report(result, out: str | None) -> None:
         Path(out).write_text(text + "\n")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 @dataclass
 class LocalCluster:
     """Head plus `workers` nodes of `cpus_per_worker` CPUs; `with LocalCluster(...) as c:`."""
@@ -119,9 +129,12 @@ class LocalCluster:
                 return node
         raise KeyError(node_id)
 
-    def remove_node(self, node) -> None:
+    def remove_node(self, node, pids: tuple[int, ...] = (), timeout_s: float = 60) -> None:
+        """Kill the node; return once its processes in `pids` (its replicas) have exited too: a worker
+        outlives its killed raylet for a moment and may still stream."""
         self.cluster.remove_node(node, allow_graceful=False)
         self.nodes.remove(node)
+        self._wait(lambda: not any(_alive(pid) for pid in pids), timeout_s, f"processes {list(pids)} to exit")
 
     @staticmethod
     def _wait(check, timeout_s: float, what: str) -> None:

@@ -34,8 +34,8 @@ def run(users: int, before_s: float, after_s: float, max_tokens: int, probes: in
         time.sleep(before_s)
         victim = placed[0]
         t_remove = time.time()
-        cluster.remove_node(cluster.node_of(victim["node_id"]))
-        removed_s = time.time() - t_remove
+        cluster.remove_node(cluster.node_of(victim["node_id"]), pids=(victim["pid"],))
+        t_lost = time.time()  # the victim replica's process has exited by now
         time.sleep(after_s)
         outcomes = traffic.stop()
 
@@ -43,9 +43,11 @@ def run(users: int, before_s: float, after_s: float, max_tokens: int, probes: in
         after = cluster.running_replicas()
         status = cluster.app().get("status")
 
-    in_flight = [o for o in outcomes if o.start < t_remove < o.end]
+    # The replica dies somewhere in [t_remove, t_lost]: a request that overlaps that window may have
+    # been on it; one that starts after it cannot have been.
+    in_flight = [o for o in outcomes if o.start < t_lost and o.end > t_remove]
     failed = [o for o in outcomes if not o.ok]
-    started_after = [o for o in outcomes if o.start > t_remove]
+    started_after = [o for o in outcomes if o.start > t_lost]
     return {
         "app": APP,
         "deploy_s": round(deploy_s, 1),
@@ -53,11 +55,12 @@ def run(users: int, before_s: float, after_s: float, max_tokens: int, probes: in
         "ingress_node": ingress,
         "replica_nodes": [r["node_id"] for r in placed],
         "removed_node": victim["node_id"],
-        "remove_node_call_s": round(removed_s, 2),
+        "replica_lost_after_s": round(t_lost - t_remove, 2),
         "requests": len(outcomes),
         "in_flight_at_removal": len(in_flight),
         "failed": len(failed),
         "failed_started_before_removal": sum(o.start < t_remove for o in failed),
+        "failed_started_while_removing": sum(t_remove <= o.start < t_lost for o in failed),
         "failed_in_flight_at_removal": sum(o in in_flight for o in failed),
         "failure_latency_s": percentiles((o.end - t_remove for o in failed), (50, 100)),
         "errors": sorted({o.error for o in failed if o.error}),

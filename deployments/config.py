@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.models.loading import DEFAULT_MODEL
-from lookahead_core.serving.processor import RequestLimits
+from lookahead_core.serving.limits import RequestLimits
 
 from .core_plan import CorePlan
 

@@ -17,8 +17,8 @@ on the same machine) stalls the whole step. The rules, measured in CHANGELOG.md 
 * The HTTP stack on the replica's node moves to `http_nice` (5 by default): the replica's own
   process (its event loop and streams, with the engine in a process of its own) and Serve's proxy,
   or with Serve's HAProxy ingress HAProxy and the actor that starts it (`apply_http`, in the
-  replica's process). Left at Ray's 15, a step on every core starved them
-  (a request's first token came 8x later than in-process at 16 users); at the engine's 0 they
+  replica's process). Left at Ray's 15, a step on every core starved them (first tokens came far
+  later than in-process at 16 users); at the engine's 0 they
   preempt its steps more (CHANGELOG.md, "The HTTP stack above Ray's priority").
 * `pin_cores` (off by default) binds the engine's stepping thread to its threads' cores and the
   HTTP stack on its node to the rest, as vLLM's CPU server binds its model thread; every step then

@@ -10,12 +10,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from lookahead_core.serving.limits import MAX_BODY_BYTES
+
 
 @dataclass(frozen=True)
 class GuardConfig:
     api_keys: tuple[bytes, ...] = ()
     open_paths: frozenset[str] = field(default_factory=lambda: frozenset({"/health"}))
-    max_body_bytes: int = 1 << 20
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 def key_matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:

@@ -15,9 +15,9 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve import metrics
 
-from lookahead_core.engine.async_engine import AsyncEngine
-from lookahead_core.engine.engine_process import EngineProcess
-from lookahead_core.engine.engine_status import rss_mb
+from lookahead_core.engine.host.async_engine import AsyncEngine
+from lookahead_core.engine.host.engine_process import EngineProcess
+from lookahead_core.engine.host.status import rss_mb
 from lookahead_core.models.loading import cpu_capability, load_tokenizer, model_folder
 from lookahead_core.serving import Completion, Delta, RequestError, RequestProcessor, ServeRequest
 from lookahead_core.serving.outputs import REPLICA_TEXT_SOURCES
@@ -199,7 +199,7 @@ async def _chained(first, rest: AsyncGenerator) -> AsyncIterator:
 
 
 def _deployment(cls: type):
-    """A dead replica is noticed within ~2 s and replaced (Serve's default checks every 10 s). Both
+    """A dead replica is noticed at the next health check (every 2 s, not Serve's 10) and replaced. Both
     kinds carry the one deployment name, so a config's `deployments:` entry fits either."""
     return serve.deployment(name="LookaheadModel", max_ongoing_requests=64, health_check_period_s=2,
                             health_check_timeout_s=10)(cls)

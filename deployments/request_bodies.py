@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 from pydantic.config import JsonDict
 
-from lookahead_core.engine.logprobs import MAX_TOP_LOGPROBS
+from lookahead_core.engine.io import MAX_TOP_LOGPROBS
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.serving import Message, RequestError, ServeRequest

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from lookahead_core.serving import Completion, Delta, RequestError, ServeRequest
+from lookahead_core.serving.limits import MAX_BODY_BYTES
 
 from .bounded_bodies import Bodies
 from .guard import GuardConfig, RequestGuard
@@ -37,7 +38,7 @@ def guard_config(guard: Mapping | None) -> GuardConfig:
     guard = guard or {}
     return GuardConfig(api_keys=tuple(k.encode() for k in guard.get("api_keys", ())),
                        open_paths=frozenset(guard.get("open_paths", ("/health",))),
-                       max_body_bytes=guard.get("max_body_bytes", 1 << 20))
+                       max_body_bytes=guard.get("max_body_bytes", MAX_BODY_BYTES))
 
 
 def error_response(err: RequestError, headers: Mapping[str, str] | None = None) -> JSONResponse:

@@ -1,10 +1,10 @@
 """Exact Lookahead Decoding over Hugging Face causal LMs."""
-from lookahead_core.engine.async_engine import AsyncEngine
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine, EngineOverloaded
 from lookahead_core.engine.generation import GenerationResult, GenerationStats, generate, stream
+from lookahead_core.engine.host.async_engine import AsyncEngine
+from lookahead_core.engine.io import StepOutput
 from lookahead_core.engine.runner.model_runner import ModelRunner
-from lookahead_core.engine.verification import StepOutput
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 

@@ -16,6 +16,8 @@ from tests.fixtures import wait_until
 for key, value in ray_env().items():
     os.environ.setdefault(key, value)
 
+DRAIN = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+
 # A small chat template for the tiny model (whose tokenizer has none): the server config sets it.
 TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -52,7 +54,14 @@ def server(tiny_model_dir):
     from deployments.app import build_app
 
     os.environ.update(haproxy_ports(_free_port))  # beside a `make serve` or a cluster test's Serve
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # A replica that stops stays reachable this long for load balancers to drop it (Serve's default:
+    # 30 s); here every app a test deletes would wait it out. Set for this Ray only: the cluster
+    # tests' Ray, started later, drains as shipped.
+    os.environ[DRAIN] = "1"
+    try:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    finally:
+        del os.environ[DRAIN]
     # Ray's own processes take ephemeral ports too: pick one after ray.init and retry on a clash.
     for attempt in range(5):
         port = _free_port()

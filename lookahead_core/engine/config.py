@@ -79,7 +79,7 @@ class EngineConfig(BaseModel):
         8, ge=0, le=64, description="successors kept per token in the replica's table of the model's top-k after each "
                                     "token it computed (vocab x k int32); 0 turns the table and successor trees off")
     successor_prefill: bool = Field(
-        False, description="also record the top-k after every prompt token: logits for every prefill row, ~25% more "
+        False, description="also record the top-k after every prompt token: logits for every prefill row, a dearer "
                            "prefill; on chat prompts it did not raise acceptance (docs/BENCHMARKS.md)")
     prefix_cache_tokens: int = Field(
         512, ge=0, description="tokens of prompt prefixes whose keys and values are kept and copied into a new "

@@ -10,9 +10,8 @@ import torch
 
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.io import EngineRequest, SequenceStats
 from lookahead_core.engine.runner.model_runner import ModelRunner
-from lookahead_core.engine.sequence_stats import SequenceStats
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.lookahead.stopping import FinishReason, StopCondition
@@ -121,5 +120,5 @@ def warm_up(engine: Engine, prompt: Iterable[int], max_new_tokens: int = 4) -> N
         while engine.has_work():
             engine.step()
     engine.knowledge.clear()
-    if engine.prefixes is not None:
-        engine.prefixes.clear()
+    if engine.runner.prefixes is not None:
+        engine.runner.prefixes.clear()

@@ -8,13 +8,13 @@ from functools import partial
 import numpy as np
 import torch
 
+from lookahead_core.lookahead.history import SuffixIndex
 from lookahead_core.lookahead.knowledge import ROW_DEPTHS, ReplicaKnowledge
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.ngram_pool import NGramPool
 from lookahead_core.lookahead.pacing import StepChoice, StepKind, StepPacer
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.row_rates import RowRates
-from lookahead_core.lookahead.suffix_index import SuffixIndex
 from lookahead_core.lookahead.tree import CandidateTree, Source
 from lookahead_core.lookahead.verify import Verdict
 from lookahead_core.lookahead.window import LookaheadWindow
@@ -27,7 +27,8 @@ class Draft:
     """One step's candidates for one request: the tree (the drafter's buffer, valid until its next
     draft), its rows likeliest first with their chances, whether a copied run is among them, where
     a whole step's tree starts, and the tokens a whole step is expected to yield. `pacer` is None
-    for a fixed (N, W, G), which runs whole while the SLO allows."""
+    for a fixed (N, W, G), which runs whole while the SLO allows. `number`: which of its drafter's
+    drafts it is; the drafter writes and learns from its latest only."""
 
     tree: CandidateTree
     order: np.ndarray
@@ -36,18 +37,21 @@ class Draft:
     full_start: int
     full_tokens: float
     pacer: StepPacer | None
+    number: int = 0
 
 
 @dataclass(frozen=True)
 class Span:
-    """One request's span of a step (its step rows): its width, where the tree starts, positions
-    and mask template."""
+    """One request's span of a step (its step rows): its width, where the tree starts, positions,
+    mask template and tokens (`ids[1:width]`, the drafter's buffer, valid until its next write;
+    row 0 is the last token, None: the last token alone)."""
 
     choice: StepChoice
     width: int
     cand_start: int
     offsets: np.ndarray
     template: torch.Tensor
+    ids: np.ndarray | None = None
 
 
 _PLAIN_OFFSETS = np.zeros(1, dtype=np.int64)
@@ -94,6 +98,8 @@ class Drafter:
         # step positions: the layout's for the last token and window, tree depths after them; or,
         # on a step without the window, tree depths right after the last token (buffers reused)
         self._full_offsets = layout.offsets.copy()
+        self._ids = np.zeros(layout.max_tokens, dtype=np.int64)
+        self.drafts = 0  # drafts made: only the latest's tree is in `tree`
         self._verify_offsets = np.zeros(1 + layout.max_tree_rows, dtype=np.int64)
         self.tree = CandidateTree(layout.max_tree_rows)
         self._hit = np.zeros(layout.max_tree_rows, dtype=bool)
@@ -145,7 +151,8 @@ class Drafter:
             full_tokens = self.pacer.yields[copied_run]
         else:
             full_tokens = self._full_yields.start(self.sampled)[copied_run] if self._full_yields is not None else 2.0
-        return Draft(self.tree, order, p[order], copied_run, lay.cand_start, full_tokens, self.pacer)
+        self.drafts += 1
+        return Draft(self.tree, order, p[order], copied_run, lay.cand_start, full_tokens, self.pacer, self.drafts)
 
     def _row_odds(self) -> np.ndarray:
         """Each tree row's chance of being accepted: its template node's rate for a successor
@@ -163,10 +170,13 @@ class Drafter:
                 p[r] = p[parent[r]]
         return p
 
-    def write(self, ids: np.ndarray, draft: Draft, choice: StepChoice, last: int) -> Span:
-        """Write the step's tokens into `ids`: [last | window | tree rows] for FULL, [last | tree
-        rows] for VERIFY, the last token alone for PLAIN; the tree keeps the choice's likeliest rows."""
-        lay, tree = self.layout, draft.tree
+    def write(self, draft: Draft, choice: StepChoice, last: int) -> Span:
+        """The step's span, its tokens laid out in this drafter's buffer: [last | window | tree rows]
+        for FULL, [last | tree rows] for VERIFY, the last token alone for PLAIN; the tree keeps the
+        choice's likeliest rows."""
+        if draft.number != self.drafts:
+            raise ValueError(f"draft {draft.number} is stale: its tree was overwritten by draft {self.drafts}")
+        lay, tree, ids = self.layout, draft.tree, self._ids
         ids[0] = last
         if choice.kind is StepKind.PLAIN:
             tree.build(())
@@ -181,7 +191,7 @@ class Drafter:
         end = start + tree.size
         ids[start:end] = tree.tokens[: tree.size]
         offsets[start:end] = tree.depth[: tree.size]
-        return Span(choice, end, start, offsets, template)
+        return Span(choice, end, start, offsets, template, ids)
 
     def learn(self, span: Span, verdict: Verdict, pred: list[int], tokens: list[int]) -> None:
         """What a step taught: which tree rows were accepted (the replica's and this request's

@@ -1,10 +1,9 @@
-"""How wide each step is: per request plain, the likeliest candidates only, or the whole lookahead
-step, and for the batch the width that buys the most tokens per unit of step cost."""
+"""What a step may be for one request (plain, the likeliest candidates only, or the whole lookahead
+step) and what each kind has been yielding: the state the planner reads."""
 from __future__ import annotations
 
-import bisect
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -38,56 +37,6 @@ class StepChoice:
     copied: bool = False  # prompt lookup offered a candidate
     to_beat: float | None = None
     rows: int | None = None
-
-
-def step_menu(full_width: int | None, verify: Sequence[tuple[int, float]], full_tokens: float) -> Menu:
-    """PLAIN, each VERIFY option (tree rows kept, expected tokens) and FULL at `full_width`."""
-    menu = [Option(StepKind.PLAIN, 1, 1.0)]
-    menu += [Option(StepKind.VERIFY, 1 + rows, tokens, rows) for rows, tokens in verify]
-    if full_width is not None:
-        menu.append(Option(StepKind.FULL, full_width, full_tokens))
-    return menu
-
-
-def best_option(menu: Menu, cap: int) -> Option:
-    """The option no wider than `cap` expected to yield the most tokens, the narrower on a tie."""
-    return max((o for o in menu if o.width <= cap), key=lambda o: (o.tokens, -o.width))
-
-
-def batch_width(menus: Sequence[Menu], ratio: Callable[[int], float], floor: int = 1,
-                fits_slo: Callable[[int, float], bool] | None = None, rest: float = 0.0, bias: float = 1.0) -> int:
-    """The widest row the batch may have this step.
-
-    Rows are padded to the widest, so a step's cost is set by its widest row and every row up to
-    that width rides for free. For each width W on offer (at least `floor`, the widest row of
-    requests that do not pace), every request takes its most productive option no wider than W;
-    the W with the most expected tokens per unit of cost (`ratio(W)`: against a one-token step)
-    wins, the narrower on a tie. `rest`: the tokens the batch's rows outside `menus` yield at any
-    width (they pay the wider step too); `bias`: what an expected token beyond a row's first is
-    worth (`YieldBias.factor`). `fits_slo(W, tokens per row)` may rule out widths above the floor.
-    """
-    # per menu: its widths ascending and the most tokens an option up to each width yields
-    ladders = []
-    for menu in menus:
-        opts = sorted(menu, key=lambda o: o.width)
-        widths, best, top = [], [], 1.0
-        for o in opts:
-            top = max(top, o.tokens)
-            widths.append(o.width)
-            best.append(top)
-        ladders.append((widths, best))
-    best_w, best_rate = floor, -1.0
-    for w in sorted({o.width for menu in menus for o in menu if o.width >= floor} | {floor}):
-        total = rest
-        for widths, best in ladders:
-            i = bisect.bisect_right(widths, w)
-            total += 1.0 + bias * (best[i - 1] - 1.0) if i else 1.0
-        if w > floor and fits_slo is not None and menus and not fits_slo(w, (total - rest) / len(menus)):
-            continue
-        rate = total / ratio(w)
-        if rate > best_rate * (1 + 1e-9):
-            best_w, best_rate = w, rate
-    return best_w
 
 
 class YieldBias:
@@ -144,7 +93,7 @@ class StepPacer:
     """One request's expected tokens from a whole (FULL) step, learned from its own steps.
 
     A VERIFY step's yield is known before it runs, from how often rows like its tree's are
-    accepted (`Sequence.offer`). A FULL step also feeds the window, whose worth shows only in
+    accepted (the planner's `offer`). A FULL step also feeds the window, whose worth shows only in
     later candidates, so its yield is a running mean per whether prompt lookup offered a
     candidate (a copied run is accepted far more often than a pooled n-gram). When FULL is not
     taken it is retried after `min_interval` steps where it fits; the interval doubles up to
@@ -162,21 +111,14 @@ class StepPacer:
         self.interval = min_interval
         self.idle = 0
 
-    def menu(self, full_width: int | None, verify: Sequence[tuple[int, float]], copied: bool) -> Menu:
-        """PLAIN, each VERIFY option (tree rows kept, expected tokens) and FULL at `full_width`."""
-        return step_menu(full_width, verify, self.yields[copied])
+    @property
+    def due(self) -> bool:
+        """A FULL retry is due: that many steps ran without one."""
+        return self.idle >= self.interval
 
-    def pick(self, menu: Menu, copied: bool, cap: int, ratio: Callable[[int], float], widen: bool = False) -> StepChoice:
-        """The most productive option no wider than `cap`, or a due FULL retry that fits
-        (`widen`: even one that does not, for a request alone in its step)."""
-        best = best_option(menu, cap)
-        choice = StepChoice(best.kind, copied, rows=best.rows)
-        full = next((o for o in menu if o.kind is StepKind.FULL), None)
-        if full is not None and best.kind is not StepKind.FULL and self.idle >= self.interval and (widen or full.width <= cap):
-            # the retry must beat what it displaced at the retry's own cost
-            choice = StepChoice(StepKind.FULL, copied, best.tokens * ratio(full.width) / ratio(best.width))
-        self.idle = 0 if choice.kind is StepKind.FULL else self.idle + 1
-        return choice
+    def ran(self, kind: StepKind) -> None:
+        """A step of `kind` was planned."""
+        self.idle = 0 if kind is StepKind.FULL else self.idle + 1
 
     def update(self, choice: StepChoice, tokens: int) -> None:
         """What a step of `choice` yielded: `tokens` accepted, bonus included."""

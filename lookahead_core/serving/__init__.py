@@ -1,4 +1,5 @@
 """The serving path without Ray: a typed request in, text deltas and a completion out."""
+from lookahead_core.serving.limits import RequestLimits
 from lookahead_core.serving.outputs import (
                       Completion,
                       Delta,
@@ -8,7 +9,7 @@ from lookahead_core.serving.outputs import (
                       Timings,
                       Usage,
 )
-from lookahead_core.serving.processor import RequestLimits, RequestProcessor
+from lookahead_core.serving.processor import RequestProcessor
 from lookahead_core.serving.request import Message, ServeRequest
 from lookahead_core.serving.text_stream import TextStream
 

@@ -6,7 +6,7 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from lookahead_core.engine.sequence_stats import SequenceStats
+from lookahead_core.engine.io import SequenceStats
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import FinishReason
 from lookahead_core.lookahead.tree import SOURCE_NAMES

@@ -4,49 +4,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import AsyncIterator, Iterable
 
 from jinja2 import TemplateError
-from pydantic import BaseModel, ConfigDict, Field
 
-from lookahead_core.engine.async_engine import AsyncEngine, EngineStopped, RequestTimeout
 from lookahead_core.engine.engine import EngineOverloaded
-from lookahead_core.engine.logprobs import TokenLogprob
-from lookahead_core.engine.request import EngineRequest
-from lookahead_core.engine.sequence_stats import SequenceStats
-from lookahead_core.engine.verification import StepOutput
+from lookahead_core.engine.host.async_engine import AsyncEngine, RequestTimeout
+from lookahead_core.engine.io import EngineRequest, SequenceStats, StepOutput
 from lookahead_core.lookahead.stopping import FinishReason, StopCondition
-from lookahead_core.serving.outputs import (
-    Completion,
-    Delta,
-    Logprob,
-    LookaheadSummary,
-    RequestError,
-    Timings,
-    Usage,
-)
+from lookahead_core.serving.choice_run import FAILURES, ChoiceRun
+from lookahead_core.serving.limits import MAX_CHARS_PER_TOKEN, RequestLimits
+from lookahead_core.serving.outputs import Completion, Delta, RequestError
 from lookahead_core.serving.request import DEFAULT_MAX_NEW_TOKENS, ServeRequest
 from lookahead_core.serving.text_stream import TextStream
 
 log = logging.getLogger(__name__)
-
-
-# A prompt of more characters than this times max_prompt_tokens is refused without tokenizing it.
-MAX_CHARS_PER_TOKEN = 64
-
-
-class RequestLimits(BaseModel):
-    """What one request may ask for beyond the engine's own limits; anything beyond is a 4xx with a message."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    max_stop_strings: int = Field(16, ge=0)
-    max_stop_chars: int = Field(256, ge=1)
-    max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413 before they are parsed")
-    max_prompt_tokens: int | None = Field(None, ge=1, description="default: the engine's max_seq_len - 1")
-    request_timeout_s: float | None = Field(
-        600, gt=0, description="ceiling on a request's life; a request's own `timeout_s` can only shorten it"
-    )
 
 
 class RequestProcessor:
@@ -117,14 +89,6 @@ class RequestProcessor:
         piece = tok.convert_ids_to_tokens(token_id)
         return "" if piece is None else tok.convert_tokens_to_string([piece])
 
-    def _logprobs(self, items: Iterable[TokenLogprob | None] | None, token_ids: Iterable[int]) -> tuple[Logprob, ...]:
-        assert items is not None, "the engine sends logprobs whenever the request asks for them"
-        return tuple(
-            Logprob(self.token_text(t), t, None) if lp is None else
-            Logprob(self.token_text(t), t, lp.logprob, tuple((self.token_text(i), v) for i, v in lp.top))
-            for lp, t in zip(items, token_ids)
-        )
-
     def engine_request(self, req: ServeRequest, prompt: list[int], token_limit: int, max_seq_len: int) -> EngineRequest:
         """The one request the engine takes, built once from the served request. A request naming
         no budget gets `DEFAULT_MAX_NEW_TOKENS`, or less where the engine's `token_limit` or the
@@ -182,84 +146,35 @@ class RequestProcessor:
 
     async def _run_one(self, req: ServeRequest, prompt: list[int], index: int,
                        engine: AsyncEngine) -> AsyncIterator[Delta | Completion]:
-        t0 = time.perf_counter()
         try:
             ereq = self.engine_request(req, prompt, engine.limits.max_new_tokens, engine.limits.max_seq_len)
             params = engine.resolve(ereq)
         except (ValueError, TypeError) as exc:
             raise RequestError(400, str(exc)) from None
-        timeout_s = self.timeout(req)
-        stream = engine.generate(ereq, timeout_s)
-        text = TextStream(self.tokenizer, req.stop)
-        tokens: list[int] = []
-        logprobs: list[Logprob] | None = None if req.logprobs is None else []
-        echoed = ""
-        stats: SequenceStats | None = None  # the engine's count, on the request's last output
-        ttft, reason, first = None, None, True
+        run = ChoiceRun(req, ereq, params, prompt, index, self.timeout(req), TextStream(self.tokenizer, req.stop),
+                        self.token_text, lambda: req.prompt if req.prompt is not None else self.tokenizer.decode(prompt))
+        stream = engine.generate(ereq, run.timeout_s)
         try:
             async for out in stream:
-                if req.echo and first:
-                    echoed = req.prompt if req.prompt is not None else self.tokenizer.decode(prompt)
-                    lps = None if logprobs is None else self._logprobs(out.prompt_logprobs, prompt)
-                    logprobs = None if lps is None else [*lps]
-                    yield Delta((), echoed, index, lps, Usage(len(prompt), 0))
-                first = False
-                if out.tokens:
-                    ttft = ttft if ttft is not None else time.perf_counter() - t0
-                    delta, hit = text.push(out.tokens)
-                    # A step may accept tokens past a stop string: they are cut, from the text and
-                    # from the ids, usage and logprobs alike, as one-token steps would have it.
-                    step_tokens = out.tokens[: text.kept] if hit else out.tokens
-                    tokens.extend(step_tokens)
-                    lps = None if logprobs is None else self._logprobs(out.logprobs, step_tokens)
-                    if logprobs is not None and lps is not None:
-                        logprobs.extend(lps)
-                    if hit:  # the engine hears before the client reads: fewer steps run past the stop
-                        reason = FinishReason.STOP
-                        engine.finish(ereq.request_id, reason, len(tokens))
-                    yield Delta(tuple(step_tokens), delta, index, lps, Usage(len(prompt), len(tokens)))
-                    if hit:  # unless the engine had ended it in this very step, its count comes next
-                        stats = out.stats if out.finish_reason is not None else await _final_stats(stream)
-                        break
-                if out.finish_reason is not None:
-                    reason, stats = out.finish_reason, out.stats
+                deltas = run.on_output(out)
+                if run.hit:  # the engine hears before the client reads: fewer steps run past the stop
+                    engine.finish(ereq.request_id, FinishReason.STOP, len(run.tokens))
+                for delta in deltas:
+                    yield delta
+                if run.hit:  # unless the engine had ended it in this very step, its count comes next
+                    run.stats = out.stats if out.finish_reason is not None else await _final_stats(stream)
                     break
-        except EngineOverloaded as exc:
-            raise RequestError(503, f"replica overloaded: {exc}", code="overloaded") from None
-        except (ValueError, TypeError) as exc:
-            raise RequestError(400, str(exc)) from None
-        except RequestTimeout:
-            if not tokens:  # nothing produced: an error, not an empty success
-                assert timeout_s is not None, "only a request with a deadline times out"
-                # The client's own deadline is a 408; the server's ceiling is a 504.
-                own = req.timeout_s is not None and req.timeout_s <= timeout_s
-                status, whose = (408, "its timeout_s") if own else (504, "the server's request_timeout_s")
-                raise RequestError(status, f"request timed out after {timeout_s:g} s ({whose}) before its first token",
-                                   code="timeout") from None
-            reason = FinishReason.TIMEOUT
-        except EngineStopped as exc:  # a server fault another replica need not share: retry
-            log.error("request %s failed: %s", req.request_id, exc)
-            raise RequestError(503, f"the engine stopped ({exc}); retry", code="replica_failed",
-                               type="server_error") from None
-        except RuntimeError as exc:  # the engine step failed; the engine has already started clean
-            log.error("request %s failed: %s", req.request_id, exc)
-            raise RequestError(500, f"generation failed: {exc}") from None
+                if out.finish_reason is not None:
+                    break
+        except FAILURES as exc:
+            if isinstance(exc, RuntimeError) and not isinstance(exc, EngineOverloaded):
+                log.error("request %s failed: %s", req.request_id, exc)
+            run.fail(exc)
         finally:
             await stream.aclose()
-        tail = text.flush()
-        if tail:
-            yield Delta((), tail, index, None, Usage(len(prompt), len(tokens)))
-        total = time.perf_counter() - t0
-        yield Completion(
-            text=echoed + text.text,
-            token_ids=tuple(tokens),
-            finish_reason=reason if reason is not None else FinishReason.ABORT,
-            usage=Usage(len(prompt), len(tokens)),
-            lookahead=LookaheadSummary.of(req.mode, params, stats),
-            timings=Timings(round(1000 * (ttft if ttft is not None else total), 2), round(1000 * total, 2)),
-            index=index,
-            logprobs=None if logprobs is None else tuple(logprobs),
-        )
+        for delta in run.tail():
+            yield delta
+        yield run.completion()
 
 
 async def _final_stats(stream: AsyncIterator[StepOutput]) -> SequenceStats | None:

@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lookahead_core.engine.logprobs import check_top
-from lookahead_core.engine.request import check_lookahead, check_sampling
+from lookahead_core.engine.io import check_lookahead, check_sampling, check_top
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.lookahead.stopping import check_max_new_tokens

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # the cluster's replicas s
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("autoscale") / "result.json"
     proc = subprocess.run([sys.executable, "-m", "cluster.autoscale", "--fast", "--policies", "engine_queue",
-                           "--users", "8", "--max-tokens", "32", "--hold-s", "20", "--timeout-s", "120",
+                           "--users", "8", "--max-tokens", "32", "--hold-s", "8", "--timeout-s", "120",
                            "--out", str(out)], check=False, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())

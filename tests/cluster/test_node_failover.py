@@ -15,8 +15,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # the cluster's replicas s
 @pytest.fixture(scope="module")
 def failover(tmp_path_factory):
     out = tmp_path_factory.mktemp("failover") / "result.json"
-    proc = subprocess.run([sys.executable, "-m", "cluster.node_failover", "--users", "6", "--before-s", "8",
-                           "--after-s", "10", "--max-tokens", "32", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "cluster.node_failover", "--users", "6", "--before-s", "6",
+                           "--after-s", "8", "--max-tokens", "32", "--out", str(out)],
                           check=False, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())

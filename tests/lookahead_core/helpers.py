@@ -1,7 +1,7 @@
 """Shared test fixtures: random prompts and the Hugging Face greedy reference."""
 import torch
 
-from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.io import EngineRequest
 from lookahead_core.lookahead.stopping import StopCondition
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,7 +111,18 @@ def lowest_priority(cores: frozenset[int] | None) -> None:
         pass
 
 
+def _die_with_parent() -> None:
+    """This process ends when the one that started it does, however that ends (Linux)."""
+    import contextlib
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _child(job: GraphJob, conn) -> None:
+    _die_with_parent()
     lowest_priority(job.cores)
     try:
         conn.send(("ok", compile_graph(job)))
@@ -120,13 +132,14 @@ def _child(job: GraphJob, conn) -> None:
         conn.close()
 
 
-def compile_in_worker(job: GraphJob) -> float:
-    """Compile `job` in a fresh process and wait for it; returns its seconds, or raises
-    RuntimeError with the worker's error."""
+def compile_in_worker(job: GraphJob, started: Callable[[Any], None] = lambda process: None) -> float:
+    """Compile `job` in a fresh process (told to `started`, which may kill it) and wait for it;
+    returns its seconds, or raises RuntimeError with the worker's error."""
     ctx = multiprocessing.get_context("spawn")  # never fork a process that runs threads
     parent, child = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_child, args=(job, child), name=f"compile-{job.bucket.slug}", daemon=True)
     process.start()
+    started(process)
     child.close()
     try:
         status, value = parent.recv()

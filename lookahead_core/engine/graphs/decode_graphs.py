@@ -20,20 +20,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._inductor import list_mode_options
 
 from lookahead_core.engine.graphs import inductor
 from lookahead_core.engine.graphs.buckets import Bucket, cheapest
+from lookahead_core.engine.graphs.check import check_graph
 from lookahead_core.engine.graphs.compile_worker import GraphJob, compile_in_worker, constants_signature
-from lookahead_core.engine.graphs.package_store import PackageName, PackageStore, Run, folder_bytes
+from lookahead_core.engine.graphs.inductor import compile_cuda_graph
+from lookahead_core.engine.graphs.package_store import (
+    PackageName,
+    PackageStore,
+    Run,
+    architecture,
+    buffers_digest,
+    digest,
+    folder_bytes,
+)
 from lookahead_core.engine.graphs.staging import DynamicStaging, StaticStaging
 from lookahead_core.engine.graphs.step import GRAPH_SOURCE, StepModule, constants, decode_step, prefill_step
+from lookahead_core.engine.graphs.timing import alone_costs, time_pending
 from lookahead_core.engine.runner.step_threads import StepThreads
 
 log = logging.getLogger(__name__)
-
-TIMED_CALLS = 3  # a cell's cost alone: the fastest of these calls, after one untimed
-
 
 @dataclass
 class Graph:
@@ -49,49 +56,6 @@ class Graph:
     alone_ms: dict[tuple[int, int], float] = field(default_factory=dict)  # (batch, width) -> ms, timed alone
     untimed: list[tuple[int, int]] = field(default_factory=list)
     timing: dict[tuple[int, int], list[float]] = field(default_factory=dict)  # the calls of a cell under way
-
-
-def _digest(parts: Iterable[Any], size: int) -> str:
-    import hashlib
-
-    digest = hashlib.blake2b(digest_size=size)
-    for part in parts:
-        digest.update(repr(part).encode())
-    return digest.hexdigest()
-
-
-def _buffers_digest(model: torch.nn.Module) -> str:
-    import hashlib
-
-    digest = hashlib.blake2b(digest_size=8)
-    for name, t in model.named_buffers():
-        digest.update(name.encode())
-        digest.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _architecture(config: Any) -> str:
-    """The model config as far as it shapes the code (not where it was loaded from)."""
-    fields = config.to_dict()
-    for key in ("_name_or_path", "name_or_path", "_commit_hash", "transformers_version"):
-        fields.pop(key, None)
-    return repr(sorted(fields.items()))
-
-
-def logits_differ(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> str | None:
-    """Why a graph's logits [B, T, V] are not the eager forward's, or None. float32: every
-    position within 1e-3 of its scale. bf16 and fp16 round a fused graph's sums once where the
-    eager forward rounds each op, and at a position of outsized activations the two (both a
-    float32 forward's neighbours) can differ by a third of the logits' range: three positions
-    in four within 5e-2 of their scale."""
-    tol = 1e-3 if dtype == torch.float32 else 5e-2
-    err = (got - want).abs().amax(-1)
-    off = err > tol * want.abs().amax(-1).clamp(min=1.0)
-    allowed = 0 if dtype == torch.float32 else off.numel() // 4
-    if int(off.sum()) > allowed:
-        return (f"its logits differ from the eager forward's by up to {err.max().item():.3g} at "
-                f"{int(off.sum())} of {off.numel()} positions")
-    return None
 
 
 class DecodeGraphs:
@@ -126,6 +90,8 @@ class DecodeGraphs:
         self._arrived: queue.SimpleQueue[tuple[Bucket, Run | None, str | None]] = queue.SimpleQueue()
         self._arange = torch.arange(capacity, device=self.device)
         self._worker: threading.Thread | None = None
+        self._compiling: set = set()  # compile workers' processes under way
+        self._closed = False
 
     # ---- making graphs ready ------------------------------------------------------------------
 
@@ -134,10 +100,10 @@ class DecodeGraphs:
         st = self.graphs[bucket].staging
         assert isinstance(st, DynamicStaging)
         # the buffers' values too: a graph takes those its code folds as they were when it was traced
-        rest = (_architecture(self.model.config), str(self.dtype), self.layout, bucket, st.export_dims(),
+        rest = (architecture(self.model.config), str(self.dtype), self.layout, bucket, st.export_dims(),
                 tuple(self.kv[0].shape), len(self.kv), sorted(inductor.aoti_options().items()),
-                constants_signature(self.steps[bucket.prefill]), _buffers_digest(self.model))
-        return PackageName(bucket.slug, _digest(inductor.build_key(GRAPH_SOURCE), 4), _digest(rest, 10))
+                constants_signature(self.steps[bucket.prefill]), buffers_digest(self.model))
+        return PackageName(bucket.slug, digest(inductor.build_key(GRAPH_SOURCE), 4), digest(rest, 10))
 
     def job(self, bucket: Bucket) -> GraphJob:
         return GraphJob(bucket, self.name(bucket), str(self.store.root), type(self.model), self.model.config,
@@ -182,40 +148,42 @@ class DecodeGraphs:
 
     def _compile(self, bucket: Bucket) -> None:
         g = self.graphs[bucket]
+        if self._closed:
+            return
         try:
-            g.compile_s = compile_in_worker(self.job(bucket))
+            g.compile_s = compile_in_worker(self.job(bucket), self._started)
             g.cached = False
             if not self._load(bucket, cached=False):
                 raise RuntimeError(f"the package of {bucket} was stored but does not load")
             log.warning("compiled %s in %.1f s", bucket, g.compile_s)
         except Exception as exc:  # a graph that cannot compile leaves its steps eager
+            if self._closed:
+                return
             log.exception("compiling %s failed; its steps run without it", bucket)
             self._arrived.put((bucket, None, f"{type(exc).__name__}: {exc}"))
 
     def _compile_cuda(self, bucket: Bucket) -> tuple[Bucket, Run | None, str | None]:
-        """CUDA graphs of one fixed shape: `torch.compile` with "reduce-overhead", on this thread."""
         g = self.graphs[bucket]
-        options = {**list_mode_options("reduce-overhead"),
-                   "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        step = torch.compile(self.steps[bucket.prefill], fullgraph=True, dynamic=False, options=options,
-                             **inductor.recompile_limit(len(self.graphs)))
-        for x in self.kv:
-            torch._dynamo.mark_static_address(x)
-
-        def run(inputs: list) -> list:
-            torch.compiler.cudagraph_mark_step_begin()
-            return list(step(*inputs[:5], inputs[5:]))
-
-        t0 = time.perf_counter()
         try:
-            g.staging.pad(bucket.batch, bucket.width, bucket.kv)
-            with torch.inference_mode():
-                run(g.staging.inputs())
+            g.compile_s, run = compile_cuda_graph(self.steps[bucket.prefill], g.staging, bucket, self.kv, len(self.graphs))
         except Exception as exc:
             log.exception("compiling %s failed; its steps run without it", bucket)
             return bucket, None, f"{type(exc).__name__}: {exc}"
-        g.compile_s, g.cached = time.perf_counter() - t0, False
+        g.cached = False
         return bucket, run, None
+
+    def _started(self, process) -> None:
+        self._compiling.add(process)
+        if self._closed:
+            process.kill()
+
+    def close(self) -> None:
+        """Make nothing more ready: compile workers under way are killed, so a host that stops
+        never waits on a compile (at exit Python joins the threads that wait on them)."""
+        self._closed = True
+        for process in list(self._compiling):
+            if process.is_alive():
+                process.kill()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the background work; True once nothing is compiling."""
@@ -245,32 +213,8 @@ class DecodeGraphs:
             self.changes += 1
             changed = True
 
-    @torch.inference_mode()
     def _check(self, g: Graph, run: Run) -> str | None:
-        """A graph's first call against the eager forward on the same step, the first tokens of a
-        sequence in the first slots, whose columns are kept and put back after (a check never
-        changes a running sequence's keys): a package that does not compute the served model's
-        step is never used."""
-        b = g.bucket
-        batch, width = (1, min(4, b.width)) if b.prefill or not b.dynamic else (min(2, b.batch), min(4, b.width))
-        if isinstance(g.staging, DynamicStaging):
-            g.staging.probe(batch, width, self.vocab_size)
-            kept = [t[:batch, :, :width].clone() for t in self.kv]
-        else:
-            g.staging.pad(batch, width, 1)
-            kept = []
-        inputs = g.staging.inputs()
-        try:
-            try:
-                logits = run(list(inputs))[0]
-            except Exception as exc:
-                return f"{type(exc).__name__}: {exc}"
-            eager = self.steps[b.prefill](*inputs[:5], inputs[5:])[0]
-        finally:
-            for t, k in zip(self.kv, kept):
-                t[:batch, :, :width].copy_(k)
-        n = min(logits.shape[1], eager.shape[1])
-        return logits_differ(logits[:batch, -n:].float(), eager[:batch, -n:].float(), self.dtype)
+        return check_graph(g.bucket, g.staging, run, self.steps[g.bucket.prefill], self.kv, self.vocab_size, self.dtype)
 
     # ---- running --------------------------------------------------------------------------------
 
@@ -319,34 +263,10 @@ class DecodeGraphs:
         self.changes += 1
         log.exception("%s raised; its steps run without it from now on", bucket)
 
-    # ---- timing alone -------------------------------------------------------------------------
+    # ---- timing alone (graphs/timing.py) ------------------------------------------------------
 
     def time_pending(self, pending: Callable[[], bool] = lambda: False) -> bool:
-        """One call of a ready graph not yet timed alone, on the calling thread (the engine's, while
-        it has no request), toward its next cell: `TIMED_CALLS` all-padding calls after an untimed
-        one, the fastest its cost alone. One call a turn, so a command that arrives waits for one
-        call at most and the cell goes on at the next idle turn. True if a call ran."""
-        g = next((g for g in self.graphs.values() if g.bucket in self.ready and g.untimed), None)
-        if g is None or g.run is None or pending():
-            return False
-        batch, width = cell = g.untimed[0]
-        if self.threads is not None:
-            self.threads.use(batch, g.bucket.prefill)
-        with torch.inference_mode():
-            g.staging.pad(batch, width, min(256, self.scratch))
-            t0 = time.perf_counter()
-            g.run(g.staging.inputs())
-            if self.cuda:
-                torch.cuda.synchronize(self.device)
-            ms = (time.perf_counter() - t0) * 1000.0
-        times = g.timing.setdefault(cell, [])
-        times.append(ms)
-        if len(times) > TIMED_CALLS:
-            g.alone_ms[cell] = round(min(times[1:]), 3)
-            g.untimed.pop(0)
-            del g.timing[cell]
-            self.changes += 1
-        return True
+        return time_pending(self, pending)
 
     @property
     def timed(self) -> bool:
@@ -354,28 +274,7 @@ class DecodeGraphs:
         return all(not self.graphs[b].untimed for b in self.ready)
 
     def alone_costs(self) -> dict[int, dict[int, float]]:
-        """{batch: {width: ms}}: what a step of each timed cell costs alone in the ready decode
-        graph that runs it."""
-        table: dict[int, dict[int, float]] = {}
-        for b in self.ready:
-            if b.prefill:
-                continue
-            for (batch, width), ms in self.graphs[b].alone_ms.items():
-                if cheapest(self.ready, batch, width, min(256, self.scratch)) == b:
-                    table.setdefault(batch, {})[width] = ms
-        return table
+        return alone_costs(self)
 
     def code_bytes(self) -> int:
         return sum(g.code_bytes for g in self.graphs.values() if g.bucket in self.ready)
-
-    def status(self) -> list[dict]:
-        """Every graph: its shape, whether it runs, its compile (or load) seconds, whether it came
-        from the store, its calls, and what its steps cost alone per "b<batch>t<width>"."""
-        return [{"batch": b.batch, "width": b.width, "kv": b.kv, **({"prefill": True} if b.prefill else {}),
-                 "dynamic": b.dynamic, "ready": b in self.ready,
-                 "compile_s": None if g.compile_s is None else round(g.compile_s, 1), "cached": g.cached,
-                 "code_mb": round(g.code_bytes / 2**20, 1), "calls": g.calls,
-                 "alone_ms": {f"b{bb}t{w}": ms for (bb, w), ms in sorted(g.alone_ms.items())},
-                 "timed_alone": b in self.ready and not g.untimed,
-                 **({"error": self.failed[b]} if b in self.failed else {})}
-                for b, g in list(self.graphs.items())]

@@ -4,10 +4,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import platform
+import time
+from collections.abc import Callable
 from functools import cache
 
 import torch
 import transformers
+from torch._inductor import list_mode_options
 
 # Flags of /proc/cpuinfo whose instructions inductor's C++ (built with -march=native) may use
 _ISA_PREFIXES = ("sse", "ssse", "avx", "amx", "fma", "f16c", "bmi", "vnni", "vaes", "vpclmul", "gfni", "movbe",
@@ -51,3 +54,24 @@ def recompile_limit(graphs: int) -> dict:
     dynamo.recompile_limit = max(dynamo.recompile_limit, graphs)
     dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4 * graphs)
     return {}
+
+
+def compile_cuda_graph(step: torch.nn.Module, staging, bucket, kv: list[torch.Tensor],
+                       graphs: int) -> tuple[float, Callable[[list], list]]:
+    """CUDA graphs of one fixed shape: `torch.compile` with "reduce-overhead", on this thread, run
+    once at the bucket's shape; (seconds, the run)."""
+    options = {**list_mode_options("reduce-overhead"),
+               "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    compiled = torch.compile(step, fullgraph=True, dynamic=False, options=options, **recompile_limit(graphs))
+    for x in kv:
+        torch._dynamo.mark_static_address(x)
+
+    def run(inputs: list) -> list:
+        torch.compiler.cudagraph_mark_step_begin()
+        return list(compiled(*inputs[:5], inputs[5:]))
+
+    t0 = time.perf_counter()
+    staging.pad(bucket.batch, bucket.width, bucket.kv)
+    with torch.inference_mode():
+        run(staging.inputs())
+    return time.perf_counter() - t0, run

@@ -13,14 +13,16 @@ the same slug that another build left, never those of other shapes or options of
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
 import time
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -146,3 +148,30 @@ def folder_bytes(path: Path) -> int:
                 with contextlib.suppress(OSError):
                     total += os.path.getsize(os.path.join(dirpath, f))
     return total
+
+
+def digest(parts: Iterable[Any], size: int) -> str:
+    """A short digest of the parts' reprs (a package name's fields)."""
+
+    digest = hashlib.blake2b(digest_size=size)
+    for part in parts:
+        digest.update(repr(part).encode())
+    return digest.hexdigest()
+
+
+def buffers_digest(model: torch.nn.Module) -> str:
+    """The model's buffers' values: a graph takes those its code folds as they were when it was traced."""
+
+    digest = hashlib.blake2b(digest_size=8)
+    for name, t in model.named_buffers():
+        digest.update(name.encode())
+        digest.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def architecture(config: Any) -> str:
+    """The model config as far as it shapes the code (not where it was loaded from)."""
+    fields = config.to_dict()
+    for key in ("_name_or_path", "name_or_path", "_commit_hash", "transformers_version"):
+        fields.pop(key, None)
+    return repr(sorted(fields.items()))

@@ -17,6 +17,16 @@ def free_memory(device: torch.device) -> int:
     return int(psutil.virtual_memory().available)
 
 
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc's `malloc_trim`): laying weights out frees
+    the loaded copy, and glibc keeps freed pages resident."""
+    import contextlib
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 @dataclass(frozen=True)
 class KVPlan:
     """The arithmetic behind the engine's slot count, logged at start and shown on /health."""

@@ -15,22 +15,16 @@ from lookahead_core.engine.graphs.buckets import Bucket, powers_of_two
 from lookahead_core.engine.graphs.decode_graphs import DecodeGraphs
 from lookahead_core.engine.graphs.package_store import PackageStore
 from lookahead_core.engine.runner.kv_cache import BatchKVCache
+from lookahead_core.engine.runner.memory_plan import release_freed_memory
+from lookahead_core.engine.runner.prefix_cache import PrefixCache
 from lookahead_core.engine.runner.step_buffers import BatchStepBuffers
 from lookahead_core.engine.runner.step_threads import StepThreads
 from lookahead_core.engine.runner.weights import WeightLayout, WeightsInfo, apply_layout, resolve_layout
-from lookahead_core.engine.step_costs import StepCosts
+from lookahead_core.engine.step.planner import StepPlan
+from lookahead_core.engine.step.prices import StepCosts
+from lookahead_core.engine.step.scheduler import PrefillJob, SlotMove
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.params import LookaheadParams
-
-
-def release_freed_memory() -> None:
-    """Hand the heap's free pages back to the OS (glibc's `malloc_trim`): laying weights out frees
-    the loaded copy, and glibc keeps freed pages resident."""
-    import contextlib
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class ModelRunner:
@@ -51,6 +45,8 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.cache: BatchKVCache | None = None
         self.buffers: BatchStepBuffers | None = None
+        self.prefixes: PrefixCache | None = None
+        self.decode_s = 0.0  # in decode forwards (`decode_plan`)
         self.eager_forwards = 0  # decode forwards no graph held (or whose graph raised)
         self._forwards_since_trim = False
         self._graph_changes = -1
@@ -72,11 +68,13 @@ class ModelRunner:
 
     # ---- memory the runner owns ------------------------------------------------------------------
 
-    def allocate(self, slots: int, capacity: int, max_step_tokens: int) -> None:
-        """The KV slots and the step buffers, once."""
+    def allocate(self, slots: int, capacity: int, max_step_tokens: int, prefill_chunk: int = 1,
+                 prefix_tokens: int = 0) -> None:
+        """The KV slots, the step buffers and the prefix cache (`prefix_tokens`, 0: none), once."""
         self.cache = BatchKVCache(self.num_layers, slots, capacity, self.device)
         self.cache.allocate(self.kv_heads, self.head_dim, self.dtype)
-        self.buffers = BatchStepBuffers(slots, max_step_tokens, capacity, self.dtype, self.device)
+        self.buffers = BatchStepBuffers(slots, max_step_tokens, capacity, self.dtype, self.device, prefill_chunk)
+        self.prefixes = PrefixCache(prefix_tokens) if prefix_tokens else None
 
     def build_graphs(self, buckets: Sequence[Bucket], mode: str, store: PackageStore | None = None,
                      workers: int = 1) -> DecodeGraphs:
@@ -121,6 +119,87 @@ class ModelRunner:
                 f"prompt plus max_new_tokens is {total_tokens} tokens, beyond the model's sliding "
                 f"window of {self.sliding_window}; sliding-window masks are not supported yet"
             )
+
+    # ---- the step's KV and buffers: their lengths and moves are written here only -----------------
+
+    def apply(self, moves: Sequence[SlotMove]) -> None:
+        """Carry the scheduler's slot moves out on the KV slots and the step buffers."""
+        assert self.cache is not None and self.buffers is not None
+        for move in moves:
+            if move.src is None:
+                self.cache.lengths[move.dst] = 0
+            else:
+                self.cache.move_slot(move.src, move.dst)
+                self.buffers.reset_slot(move.dst, self.cache.lengths[move.dst])
+
+    def reset(self) -> None:
+        """Every slot empty (after a failed step)."""
+        assert self.cache is not None and self.buffers is not None
+        for slot in range(len(self.cache.lengths)):
+            self.cache.lengths[slot] = 0
+            self.buffers.reset_slot(slot, 0)
+
+    def prefix_match(self, prompt: Sequence[int]) -> int:
+        """The tokens of `prompt` a stored prefix holds (0: none)."""
+        return 0 if self.prefixes is None else self.prefixes.match(prompt)
+
+    def prefill_jobs(self, jobs: Sequence[PrefillJob], all_logits: Sequence[bool]) -> list[torch.Tensor]:
+        """Each job's stored prefix copied in and its chunk's forward: logits [1, T', V] per job, every
+        row's where `all_logits` says, else the last's. A prompt a job completes is stored in the
+        prefix cache once every job ran (a store may evict a prefix a later job copies)."""
+        cache, buf = self.cache, self.buffers
+        assert cache is not None and buf is not None
+        out = []
+        for job, every in zip(jobs, all_logits):
+            seq, slot, start, n = job.seq, job.slot, job.start, job.tokens
+            if job.reused:
+                assert self.prefixes is not None
+                self.prefixes.copy_in(seq.tokens[: seq.prompt_len - 1], cache, slot, job.reused)
+            ids = torch.tensor([seq.tokens[start : start + n]], dtype=torch.long, device=self.device)
+            cache.prepare_slot(slot, start, n)
+            out.append(self.prefill(ids, start, cache, buf.chunk_mask(start, n), all_logits=every))
+            buf.clear_chunk(start, n)
+            cache.lengths[slot] = start + n
+            if job.last:
+                buf.reset_slot(slot, start + n)
+        for job in jobs:
+            if job.last and self.prefixes is not None:  # as it is looked up: each prompt but its last token
+                self.prefixes.store(job.seq.tokens[: job.seq.prompt_len - 1], cache, job.slot)
+        return out
+
+    def decode_plan(self, plan: StepPlan, max_position: int, topk: int = 0) -> tuple[np.ndarray, torch.Tensor]:
+        """The plan staged into the step buffers and its one decode forward (`decode`)."""
+        cache, buf = self.cache, self.buffers
+        assert cache is not None and buf is not None
+        batch, width = plan.batch, plan.width
+        buf.stage(plan, cache.lengths, max_position)
+        kv_len = max(cache.lengths[:batch]) + width
+        cache.prepare_rows(batch, buf.dev[2, :batch, :width], kv_len)
+        t0 = time.perf_counter()
+        out = self.decode(buf.dev[0, :batch, :width], buf.dev[1, :batch, :width], buf.mask[:batch, :, :width, :kv_len],
+                          cache, topk)
+        self.decode_s += time.perf_counter() - t0
+        return out
+
+    def commit(self, accepted: Sequence[int], kept_rows: Sequence[Sequence[int]]) -> None:
+        """After a decode step: slot b's length grows by its `accepted[b]` tokens, and the keys and
+        values of its `kept_rows[b]` (the accepted candidate's step rows) move right behind its last
+        token."""
+        cache = self.cache
+        assert cache is not None
+        lengths = cache.lengths
+        slots: list[int] = []
+        src: list[int] = []
+        dst: list[int] = []
+        for b, (n, rows) in enumerate(zip(accepted, kept_rows)):
+            start = lengths[b]
+            if rows:
+                slots.extend([b] * len(rows))
+                src.extend(start + r for r in rows)
+                dst.extend(range(start + 1, start + 1 + len(rows)))
+            lengths[b] = start + n
+        if slots:
+            cache.move_entries(slots, src, dst)
 
     # ---- forwards ----------------------------------------------------------------------------------
 
@@ -195,6 +274,11 @@ class ModelRunner:
         tokens = pred.cpu().numpy()
         self.costs.observe(input_ids.shape[0], input_ids.shape[1], (time.perf_counter() - t0) * 1000.0)
         return tokens, logits
+
+    def close(self) -> None:
+        """Stop making graphs ready (a compile under way is ended)."""
+        if self.graphs is not None:
+            self.graphs.close()
 
     def idle_turn(self, pending=lambda: False) -> bool:
         """With no request in: time one call of a ready graph alone on this thread (the engine's),

@@ -54,14 +54,19 @@ class PrefixCache:
                 best, best_len = key, common
         return best, best_len
 
-    def load(self, prompt: Sequence[int], cache: BatchKVCache, slot: int) -> int:
-        """Copy the longest stored prefix of `prompt` into `slot` at positions [0, L); returns L (0: none)."""
-        ids = np.asarray(prompt, dtype=np.int64)
+    def match(self, prompt: Sequence[int]) -> int:
+        """A lookup: the tokens of `prompt` a stored prefix holds (0: none, or fewer than `min_match`)."""
         self.lookups += 1
-        self.prompt_tokens += len(ids)
-        key, length = self._longest(ids)
-        if key is None or length < self.min_match:
-            return 0
+        self.prompt_tokens += len(prompt)
+        _, length = self._longest(np.asarray(prompt, dtype=np.int64))
+        return length if length >= self.min_match else 0
+
+    def copy_in(self, prompt: Sequence[int], cache: BatchKVCache, slot: int, length: int) -> None:
+        """Copy the first `length` tokens' keys and values of the stored prefix `match` found for
+        `prompt` into `slot` at positions [0, length)."""
+        key, common = self._longest(np.asarray(prompt, dtype=np.int64))
+        if key is None or common < length:
+            raise KeyError(f"no stored prefix holds the {length} tokens matched")
         entry = self._entries[key]
         self._entries.move_to_end(key)
         for layer, (k, v) in zip(cache.slot_layers, entry.kv, strict=True):
@@ -69,6 +74,12 @@ class PrefixCache:
             layer.values[slot, :, :length].copy_(v[:, :length])
         self.hits += 1
         self.reused_tokens += length
+
+    def load(self, prompt: Sequence[int], cache: BatchKVCache, slot: int) -> int:
+        """Copy the longest stored prefix of `prompt` into `slot` at positions [0, L); returns L (0: none)."""
+        length = self.match(prompt)
+        if length:
+            self.copy_in(prompt, cache, slot, length)
         return length
 
     def store(self, prompt: Sequence[int], cache: BatchKVCache, slot: int) -> None:

@@ -1,14 +1,11 @@
 """Config values that validate must start: what only the loaded model or the KV plan can check is
 checked once, at Engine init, with one message naming the field."""
-import logging
 import re
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
-from lookahead_core.engine import engine as engine_module
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.runner.memory_plan import plan_kv
@@ -25,37 +22,11 @@ def model():
     return build_random_model("llama", vocab_size=32)
 
 
-def test_cuda_graph_shapes_beyond_the_kv_slots_are_captured_at_the_slot_count(model, caplog):
-    """On CUDA, compile_buckets are the fixed shapes of CUDA graphs: one of more sequences than the
-    plan's slots is captured at the slot count (read on a CPU engine as a CUDA one would)."""
-    config = EngineConfig(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16, kv_cache_memory="700KiB",
-                          prefix_cache_tokens=0, compile="on", compile_buckets=[(1, 1), (4, 1), (4, 8)],
-                          compile_kv=[64])
-    engine = Engine(model, config.model_copy(update={"compile": "off"}))
-    assert engine.max_batch == 1
-    engine.runner.device = torch.device("cuda")
-    with caplog.at_level(logging.WARNING, logger=engine_module.log.name):
-        buckets = engine._graph_buckets(config, engine.max_batch, engine.cache.capacity, 16)
-    assert [(b.batch, b.width, b.kv, b.dynamic) for b in buckets] == [(1, 1, 64, False), (1, 8, 64, False)]
-    warnings = [r.getMessage() for r in caplog.records if "compile_buckets" in r.getMessage()]
-    assert len(warnings) == 1 and "batch 4 exceeds the 1 KV slots" in warnings[0]
-
-
 def test_cuda_graph_shapes_set_for_a_cpu_engine_are_refused(model):
     config = EngineConfig(max_batch=4, max_seq_len=48, max_new_tokens=24, compile="auto", compile_buckets=[(1, 1)])
     with pytest.raises(ValueError, match=r"engine\.compile_buckets set the shapes of CUDA graphs; on CPU one decode "
                                          r"graph takes every batch"):
         Engine(model, config)
-
-
-def test_a_cpu_engine_compiles_one_decode_graph_and_one_for_prompt_chunks(model):
-    engine = Engine(model, EngineConfig(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16))
-    config = EngineConfig(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16, compile="auto",
-                          compile_max_width=8)
-    buckets = engine._graph_buckets(config, 4, engine.cache.capacity, 16)
-    capacity = engine.cache.capacity
-    assert [(b.batch, b.width, b.kv, b.prefill, b.dynamic) for b in buckets] == [
-        (4, 8, capacity - 1, False, True), (1, 16, capacity - 1, True, True)]
 
 
 def test_a_plan_that_cannot_fit_beside_the_compile_workers_is_refused_at_start_naming_the_settings(model):
@@ -81,7 +52,7 @@ def test_prefill_chunk_is_bounded():
 
 def test_prefill_chunk_longer_than_a_sequence_allocates_only_max_seq_len(model):
     engine = Engine(model, EngineConfig(max_batch=1, max_seq_len=64, max_new_tokens=8, prefill_chunk=4096))
-    assert engine.prefiller._causal.shape == (64, 64) and engine.prefiller._mask.shape[2] == 64
+    assert engine.runner.buffers._causal.shape == (64, 64) and engine.runner.buffers.prefill_mask.shape[2] == 64
     assert engine.scheduler.prefill_chunk == 64
     engine.add_request(req(0, list(range(2, 30)), 4))
     out = []

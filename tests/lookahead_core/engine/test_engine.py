@@ -4,9 +4,9 @@ import pytest
 from lookahead_core import LookaheadParams
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine, EngineOverloaded
-from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.io import EngineRequest
 from lookahead_core.engine.runner.model_runner import ModelRunner
-from lookahead_core.engine.step_costs import StepCosts
+from lookahead_core.engine.step.prices import StepCosts
 from lookahead_core.lookahead.pacing import StepKind
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.lookahead.stopping import FinishReason, StopCondition
@@ -97,7 +97,7 @@ def test_mixed_batch_matches_single_sequence_greedy(setup):
             assert outputs[i] == ref and reasons[i] == "length", i
     assert widest == 4 and multi >= 10
     assert engine.queue_depth() == (0, 0) and not engine._seqs
-    assert all(length == 0 for length in engine.cache.lengths)
+    assert all(length == 0 for length in engine.runner.cache.lengths)
 
 
 def test_one_token_prompts_and_one_new_token(setup):

@@ -7,8 +7,9 @@ import pytest
 
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.engine_loop import AddCommand, EngineThread
-from lookahead_core.engine.request import EngineRequest
+from lookahead_core.engine.host.engine_loop import AddCommand, EngineThread
+from lookahead_core.engine.host.status import graph_status
+from lookahead_core.engine.io import EngineRequest
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import StopCondition
 from lookahead_core.models.random_models import build_random_model
@@ -48,10 +49,10 @@ def test_engine_compile_on_gives_eager_tokens(model, store):
     prompts of slots after the first in the prefill graph: the eager engine's tokens."""
     eager = _serve(Engine(model, EngineConfig(**ENGINE)), PROMPTS, MODES)
     engine = Engine(model, EngineConfig(**ENGINE, compile="on", compile_dir=store, compile_workers=2))
-    assert all(b["ready"] for b in engine.compile_status())
+    assert all(b["ready"] for b in graph_status(engine))
     assert _serve(engine, PROMPTS, MODES) == eager
     assert _serve(engine, PROMPTS[:1], ["off"]) == {0: eager[0]}
-    decode, prefill = engine.compile_status()
+    decode, prefill = graph_status(engine)
     assert decode["calls"] > 10 and prefill["calls"] >= 2, (decode, prefill)
     assert engine.runner.eager_forwards == 0
     assert decode["served_ms"]["b1t1"] > 0
@@ -64,11 +65,11 @@ def test_engine_requests_complete_when_every_graph_raises(model, store):
     def broken(inputs):
         raise RuntimeError("graph replay failed")
 
-    for g in engine.compiled.graphs.values():
+    for g in engine.runner.graphs.graphs.values():
         g.run = broken
     assert _serve(engine, PROMPTS, MODES) == eager
-    assert engine.compiled.graph_failures == 2 and not engine.compiled.ready  # the decode and prefill graphs
-    assert engine.runner.eager_forwards > 2 and engine.compiled.calls == 0
+    assert engine.runner.graphs.graph_failures == 2 and not engine.runner.graphs.ready  # the decode and prefill graphs
+    assert engine.runner.eager_forwards > 2 and engine.runner.graphs.calls == 0
 
 
 def test_engine_compile_auto_serves_while_compiling(model, tmp_path):
@@ -78,12 +79,12 @@ def test_engine_compile_auto_serves_while_compiling(model, tmp_path):
     eager = _serve(Engine(model, EngineConfig(**ENGINE)), PROMPTS[:1], ["off"])
     started = time.perf_counter()
     engine = Engine(model, config)
-    assert time.perf_counter() - started < 5 and engine.compile_status()[0]["ready"] is False
+    assert time.perf_counter() - started < 5 and graph_status(engine)[0]["ready"] is False
     assert _serve(engine, PROMPTS[:1], ["off"]) == eager
     assert engine.runner.eager_forwards > 0
-    assert engine.compiled.wait(timeout=600)
+    assert engine.runner.graphs.wait(timeout=600)
     assert _serve(engine, PROMPTS[:1], ["off"]) == eager  # the step that takes the graph over
-    (graph,) = engine.compile_status()
+    (graph,) = graph_status(engine)
     assert graph["ready"] and graph["compile_s"] > 0 and graph["cached"] is False and "error" not in graph
     assert graph["calls"] > 0
 
@@ -92,16 +93,16 @@ def test_an_idle_engine_thread_times_the_graphs_and_a_request_waits_one_call_at_
     """Served ("auto", the graphs stored), the engine's own thread times each graph cell by cell
     between requests; a request that arrives meanwhile is taken at the next graph call."""
     engine = Engine(model, EngineConfig(**ENGINE, compile="auto", compile_dir=store))
-    assert engine.compiled.wait(60)
+    assert engine.runner.graphs.wait(60)
     events = []
     host = EngineThread(engine)
     host.start(events.append)
     try:
-        assert wait_until(lambda: any(g["alone_ms"] for g in engine.compile_status()), 60)
+        assert wait_until(lambda: any(g["alone_ms"] for g in graph_status(engine)), 60)
         host.submit(AddCommand(1, EngineRequest("r", tuple(PROMPTS[0]), StopCondition(4), "off")))
         assert wait_until(lambda: any(getattr(e, "ticket", None) == 1 for e in events), 10)
-        assert wait_until(lambda: engine.compiled.timed, 120)
+        assert wait_until(lambda: engine.runner.graphs.timed, 120)
     finally:
         host.shutdown()
-    decode = engine.compile_status()[0]
+    decode = graph_status(engine)[0]
     assert decode["timed_alone"] and all(ms > 0 for ms in decode["alone_ms"].values())

@@ -25,7 +25,7 @@ def test_float32_on_cuda_gives_hf_greedy_tokens(model):
     cases = well_conditioned_cases(model, 6, VOCAB, seed=3, max_new_tokens=24)
     modes = ["off", "auto", LookaheadParams(4, 3, 3, lookup=4)]
     engine = Engine(model, EngineConfig(**ENGINE))
-    assert engine.cache.device.type == "cuda"
+    assert engine.runner.cache.device.type == "cuda"
     requests = [req(i, prompt, 24, modes[i % 3], eos=()) for i, (prompt, _) in enumerate(cases)]
     out = run_to_end(engine, requests)
     assert out == {i: ref for i, (_, ref) in enumerate(cases)}

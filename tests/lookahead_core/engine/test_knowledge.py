@@ -6,7 +6,7 @@ from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.generation import warm_up
 from lookahead_core.engine.runner.model_runner import ModelRunner
-from lookahead_core.engine.step_costs import StepCosts
+from lookahead_core.engine.step.prices import StepCosts
 from lookahead_core.models.random_models import build_random_model
 from tests.lookahead_core.helpers import random_prompts, req
 
@@ -88,5 +88,5 @@ def test_a_warm_up_leaves_no_trace_of_its_text(model):
     first = _steps(fresh, 0, prompts[4])
     engine = Engine(ModelRunner(model, FixedCosts()), config)
     warm_up(engine, prompts[4], max_new_tokens=32)  # the very prompt: anything kept would show
-    assert engine.knowledge.status() == status and len(engine.prefixes) == 0
+    assert engine.knowledge.status() == status and len(engine.runner.prefixes) == 0
     assert _steps(engine, 0, prompts[4]) == first

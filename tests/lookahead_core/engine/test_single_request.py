@@ -7,8 +7,7 @@ import pytest
 
 from lookahead_core import LookaheadParams
 from lookahead_core.engine.generation import single_request_engine
-from lookahead_core.engine.planner import StepPlanner, offer
-from lookahead_core.engine.step_costs import StepCosts
+from lookahead_core.engine.step.planner import StepPlanner, offer
 from lookahead_core.lookahead.pacing import StepChoice, StepKind
 from lookahead_core.models.random_models import build_random_model
 from tests.lookahead_core.helpers import hf_greedy, req, well_conditioned_cases
@@ -69,7 +68,7 @@ def test_every_step_kind_stays_exact(model_and_cases):
     kinds = itertools.cycle([StepKind.FULL, StepKind.VERIFY, StepKind.PLAIN, StepKind.VERIFY, StepKind.VERIFY, StepKind.FULL])
 
     class Cycling(StepPlanner):
-        def plan(self, drafts, row_price, waiting=0):
+        def plan(self, drafts, row_price, prices):
             offers = [offer(d, row_price) for d in drafts]
             wanted = [next(kinds) for _ in offers]
             wanted = [k if any(opt.kind is k for opt in o.menu) else StepKind.PLAIN for k, o in zip(wanted, offers)]
@@ -80,7 +79,7 @@ def test_every_step_kind_stays_exact(model_and_cases):
     for n, w, g in [(3, 2, 2), (5, 3, 6)]:
         for prompt, ref, oracle in cases:
             dec, blocks = _decode(model, prompt, LookaheadParams(n, w, g), MAX_NEW, oracle=oracle,
-                                  planner=Cycling(StepCosts(), 1))
+                                  planner=Cycling(1))
             assert dec.new_tokens == ref
             assert any(k is StepKind.VERIFY and len(b) > 1 for k, b in zip(dec.kinds, blocks)), "steps without the window accepted nothing"
             assert all(len(b) == 1 for k, b in zip(dec.kinds, blocks) if k is StepKind.PLAIN)
@@ -132,14 +131,14 @@ def test_cache_never_grows_beyond_its_allocation(model_and_cases):
     engine.add_request(req(0, prompt, MAX_NEW, params))
     seq = engine._seqs[0]
     engine.step()  # prefill and the first decode step allocate the KV lazily
-    ptrs = [layer.keys.data_ptr() for layer in engine.cache.layers]
-    mask_ptr = engine.buffers.mask.data_ptr()
+    ptrs = [layer.keys.data_ptr() for layer in engine.runner.cache.layers]
+    mask_ptr = engine.runner.buffers.mask.data_ptr()
     while engine.has_work():
         engine.step()
         if not seq.finished:
-            assert engine.cache.lengths[0] == len(seq.tokens) - 1
-    assert ptrs == [layer.keys.data_ptr() for layer in engine.cache.layers]
-    assert mask_ptr == engine.buffers.mask.data_ptr()
+            assert engine.runner.cache.lengths[0] == len(seq.tokens) - 1
+    assert ptrs == [layer.keys.data_ptr() for layer in engine.runner.cache.layers]
+    assert mask_ptr == engine.runner.buffers.mask.data_ptr()
     assert seq.new_tokens == ref
 
 

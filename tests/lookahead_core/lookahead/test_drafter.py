@@ -1,5 +1,6 @@
 """Drafter: one request's candidates ranked into a Draft, its span of the step written, a verdict learned."""
 import numpy as np
+import pytest
 import torch
 
 from lookahead_core.lookahead.drafter import Drafter
@@ -33,24 +34,23 @@ def test_a_draft_ranks_its_rows_likeliest_first_and_never_a_child_before_its_par
 def test_write_lays_out_each_kind_and_keeps_the_chosen_rows():
     d = _drafter()
     lay = d.layout
-    ids = np.zeros(lay.max_tokens, dtype=np.int64)
-    full = d.write(ids, d.draft(PROMPT), StepChoice(StepKind.FULL, rows=2), last=2)
+    full = d.write(d.draft(PROMPT), StepChoice(StepKind.FULL, rows=2), last=2)
+    ids = full.ids
     assert full.width == lay.cand_start + 2 and full.cand_start == lay.cand_start and ids[0] == 2
     assert ids[lay.window_start : lay.cand_start].tolist() == d.window.flat()
     assert ids[lay.cand_start : full.width].tolist() == [3, 4]  # the copied run's first two rows, likeliest
-    verify_span = d.write(ids, d.draft(PROMPT), StepChoice(StepKind.VERIFY, rows=3), last=2)
+    verify_span = d.write(d.draft(PROMPT), StepChoice(StepKind.VERIFY, rows=3), last=2)
     assert verify_span.width == 1 + 3 and ids[1:4].tolist() == [3, 4, 5]
     assert verify_span.offsets[1:4].tolist() == [1, 2, 3]  # positions after the last token: tree depths
-    plain = d.write(ids, d.draft(PROMPT), StepChoice(StepKind.PLAIN), last=2)
-    assert plain.width == 1 and d.tree.size == 0
+    plain = d.write(d.draft(PROMPT), StepChoice(StepKind.PLAIN), last=2)
+    assert plain.width == 1 and plain.ids is None and d.tree.size == 0
 
 
 def test_learn_shifts_the_window_and_teaches_the_pool_and_the_pacer():
     d = _drafter()
     lay = d.layout
-    ids = np.zeros(lay.max_tokens, dtype=np.int64)
     draft = d.draft(PROMPT)
-    span = d.write(ids, draft, StepChoice(StepKind.FULL, copied=draft.copied), last=2)
+    span = d.write(draft, StepChoice(StepKind.FULL, copied=draft.copied), last=2)
     pred = [0] * span.width  # the model continues the copied run (tree rows 0-3), then says 7
     pred[0], pred[span.cand_start : span.cand_start + 4] = 3, [4, 5, 6, 7]
     pred[lay.newest_level_start : lay.cand_start] = [40, 41]
@@ -62,3 +62,11 @@ def test_learn_shifts_the_window_and_teaches_the_pool_and_the_pacer():
     assert d.window.levels[-1] == [40, 41]
     assert (6, 7) in d.pool.lookup(5)  # the accepted text's n-grams
     assert d.pacer.yields[True] != yields  # a whole step with a copied run: its yield learned
+
+
+def test_a_draft_is_written_only_while_it_is_the_latest():
+    d = _drafter()
+    old = d.draft(PROMPT)
+    d.draft(PROMPT)  # its tree buffer now holds the newer draft
+    with pytest.raises(ValueError, match="stale"):
+        d.write(old, StepChoice(StepKind.FULL), last=2)

@@ -2,7 +2,8 @@ from functools import partial
 
 import pytest
 
-from lookahead_core.lookahead.pacing import FullYields, Option, StepKind, StepPacer, YieldBias, batch_width
+from lookahead_core.engine.step.planner import batch_width, pick, step_menu
+from lookahead_core.lookahead.pacing import FullYields, Option, StepKind, StepPacer, YieldBias
 
 P, V, F = StepKind.PLAIN, StepKind.VERIFY, StepKind.FULL
 FULL_WIDTH = 9
@@ -10,8 +11,8 @@ FULL_WIDTH = 9
 
 def choose(pacer, full_width, verify, copied, ratio):
     """The pacer's pick as the only row of a step, as the planner makes it for a request alone."""
-    menu = pacer.menu(full_width, verify, copied)
-    return pacer.pick(menu, copied, batch_width([menu], ratio), ratio, widen=True)
+    menu = step_menu(full_width, verify, pacer.yields[copied])
+    return pick(pacer, menu, copied, batch_width([menu], ratio), ratio, widen=True)
 
 
 def _run(pacer, steps, tokens_of, ratio_of, copied=False, verify=()):
@@ -124,12 +125,12 @@ def test_the_tpot_slo_caps_the_width():
 def test_a_row_takes_its_best_kind_within_the_batch_width_and_retries_only_when_it_fits():
     pacer = StepPacer()
     for _ in range(20):
-        menu = pacer.menu(FULL_WIDTH, [(4, 1.2)], False)
-        choice = pacer.pick(menu, False, 1, lambda w: 2.0 if w > 1 else 1.0)
+        menu = step_menu(FULL_WIDTH, [(4, 1.2)], pacer.yields[False])
+        choice = pick(pacer, menu, False, 1, lambda w: 2.0 if w > 1 else 1.0)
         assert choice.kind is P  # a retry is due, but a wider step would cost the batch
         pacer.update(choice, 1)
-    menu = pacer.menu(FULL_WIDTH, [(4, 1.2)], False)
-    assert pacer.pick(menu, False, 9, lambda w: 1.0).kind is F  # width already paid for
+    menu = step_menu(FULL_WIDTH, [(4, 1.2)], pacer.yields[False])
+    assert pick(pacer, menu, False, 9, lambda w: 1.0).kind is F  # width already paid for
 
 
 def test_a_new_request_starts_from_what_whole_steps_yielded_across_the_replica():

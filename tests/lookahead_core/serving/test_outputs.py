@@ -1,7 +1,7 @@
 """Finish reasons are mapped once; a completion reports its lookahead summary and serializes plainly."""
 import pytest
 
-from lookahead_core.engine.sequence_stats import SequenceStats
+from lookahead_core.engine.io import SequenceStats
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import FinishReason
 from lookahead_core.serving import Completion, LookaheadSummary, Timings, Usage

@@ -6,9 +6,9 @@ import pickle
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lookahead_core.engine.async_engine import AsyncEngine
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.host.async_engine import AsyncEngine
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.serving import Completion, Delta, RequestError, RequestLimits, RequestProcessor, ServeRequest

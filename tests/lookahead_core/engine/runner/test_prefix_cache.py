@@ -46,7 +46,7 @@ def test_prompts_sharing_a_system_prompt_reuse_it_and_decode_as_a_full_prefill_d
     for i, (prompt, ref) in enumerate(zip(prompts, refs)):
         for mode in (None, LookaheadParams(3, 2, 2)):
             assert _run(engine, f"{i}-{mode}", prompt, mode) == ref
-    status = engine.prefixes.status()
+    status = engine.runner.prefixes.status()
     # the first prompt stored its prefix; every later one reused at least the 24 shared tokens
     assert status["hits"] == 2 * len(prompts) - 1
     assert status["reused_tokens"] >= 24 * status["hits"]
@@ -61,14 +61,14 @@ def test_a_repeated_prompt_reuses_all_of_it_but_its_last_token(model):
     prefill = engine.runner.prefill
     engine.runner.prefill = lambda ids, *args, **kw: chunks.append(ids.shape[1]) or prefill(ids, *args, **kw)
     assert _run(engine, "b", prompt) == first == hf_greedy(model, prompt, MAX_NEW, **NO_EOS)
-    assert engine.prefixes.status()["reused_tokens"] == len(prompt) - 1
+    assert engine.runner.prefixes.status()["reused_tokens"] == len(prompt) - 1
     assert chunks == [1]  # the repeat prefilled its last token alone, for its first new token
 
 
 def test_off_and_prompt_logprobs_prefill_in_full(model):
     prompt = _prompts(1, 20, seed=7)[0]
     off = Engine(model, EngineConfig(max_batch=1, max_new_tokens=64, prefix_cache_tokens=0))
-    assert off.prefixes is None and _run(off, "a", prompt) == _run(off, "b", prompt)
+    assert off.runner.prefixes is None and _run(off, "a", prompt) == _run(off, "b", prompt)
     engine = Engine(model, EngineConfig(max_batch=1, max_new_tokens=64, prefix_cache_tokens=128))
     _run(engine, "a", prompt)
     engine.add_request(req("echo", prompt, 2, prompt_logprobs=1))
@@ -76,7 +76,7 @@ def test_off_and_prompt_logprobs_prefill_in_full(model):
     while engine.has_work():
         outs += engine.step()
     assert len(outs[0].prompt_logprobs) == len(prompt)  # computed, not copied
-    assert engine.prefixes.status()["hits"] == 0
+    assert engine.runner.prefixes.status()["hits"] == 0
 
 
 def test_entries_stay_within_their_token_budget_least_recently_used_out():

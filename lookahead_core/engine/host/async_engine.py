@@ -10,7 +10,7 @@ from typing import Protocol
 
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.engine_loop import (
+from lookahead_core.engine.host.engine_loop import (
     AbortCommand,
     Accepted,
     AddCommand,
@@ -26,8 +26,7 @@ from lookahead_core.engine.engine_loop import (
     Stepped,
     Stopped,
 )
-from lookahead_core.engine.request import EngineRequest
-from lookahead_core.engine.verification import StepOutput
+from lookahead_core.engine.io import EngineRequest, StepOutput
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import FinishReason
 

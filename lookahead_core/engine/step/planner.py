@@ -1,14 +1,81 @@
 """The one owner of a step's width: the price of a row, each request's menu from its draft, one rule picks."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from lookahead_core.engine.step_costs import StepCosts, batch_bucket
-from lookahead_core.lookahead.drafter import Draft
-from lookahead_core.lookahead.pacing import Menu, StepChoice, StepKind, StepPacer, YieldBias, batch_width, best_option, step_menu
+from lookahead_core.engine.step.costs import batch_bucket
+from lookahead_core.engine.step.prices import Prices
+from lookahead_core.engine.step.sequence import Sequence as Running
+from lookahead_core.lookahead.drafter import Draft, Span
+from lookahead_core.lookahead.pacing import Menu, Option, StepChoice, StepKind, StepPacer, YieldBias
+
+
+def step_menu(full_width: int | None, verify: Sequence[tuple[int, float]], full_tokens: float) -> Menu:
+    """PLAIN, each VERIFY option (tree rows kept, expected tokens) and FULL at `full_width`."""
+    menu = [Option(StepKind.PLAIN, 1, 1.0)]
+    menu += [Option(StepKind.VERIFY, 1 + rows, tokens, rows) for rows, tokens in verify]
+    if full_width is not None:
+        menu.append(Option(StepKind.FULL, full_width, full_tokens))
+    return menu
+
+
+def best_option(menu: Menu, cap: int) -> Option:
+    """The option no wider than `cap` expected to yield the most tokens, the narrower on a tie."""
+    return max((o for o in menu if o.width <= cap), key=lambda o: (o.tokens, -o.width))
+
+
+def batch_width(menus: Sequence[Menu], ratio: Callable[[int], float], floor: int = 1,
+                fits_slo: Callable[[int, float], bool] | None = None, rest: float = 0.0, bias: float = 1.0) -> int:
+    """The widest row the batch may have this step.
+
+    Rows are padded to the widest, so a step's cost is set by its widest row and every row up to
+    that width rides for free. For each width W on offer (at least `floor`, the widest row of
+    requests that do not pace), every request takes its most productive option no wider than W;
+    the W with the most expected tokens per unit of cost (`ratio(W)`: against a one-token step)
+    wins, the narrower on a tie. `rest`: the tokens the batch's rows outside `menus` yield at any
+    width (they pay the wider step too); `bias`: what an expected token beyond a row's first is
+    worth (`YieldBias.factor`). `fits_slo(W, tokens per row)` may rule out widths above the floor.
+    """
+    # per menu: its widths ascending and the most tokens an option up to each width yields
+    ladders = []
+    for menu in menus:
+        opts = sorted(menu, key=lambda o: o.width)
+        widths, best, top = [], [], 1.0
+        for o in opts:
+            top = max(top, o.tokens)
+            widths.append(o.width)
+            best.append(top)
+        ladders.append((widths, best))
+    best_w, best_rate = floor, -1.0
+    for w in sorted({o.width for menu in menus for o in menu if o.width >= floor} | {floor}):
+        total = rest
+        for widths, best in ladders:
+            i = bisect.bisect_right(widths, w)
+            total += 1.0 + bias * (best[i - 1] - 1.0) if i else 1.0
+        if w > floor and fits_slo is not None and menus and not fits_slo(w, (total - rest) / len(menus)):
+            continue
+        rate = total / ratio(w)
+        if rate > best_rate * (1 + 1e-9):
+            best_w, best_rate = w, rate
+    return best_w
+
+
+def pick(pacer: StepPacer, menu: Menu, copied: bool, cap: int, ratio: Callable[[int], float],
+         widen: bool = False) -> StepChoice:
+    """A paced request's option: the most productive no wider than `cap`, or a FULL retry its pacer
+    has due that fits (`widen`: even one that does not, for a request alone in its step)."""
+    best = best_option(menu, cap)
+    choice = StepChoice(best.kind, copied, rows=best.rows)
+    full = next((o for o in menu if o.kind is StepKind.FULL), None)
+    if full is not None and best.kind is not StepKind.FULL and pacer.due and (widen or full.width <= cap):
+        # the retry must beat what it displaced at the retry's own cost
+        choice = StepChoice(StepKind.FULL, copied, best.tokens * ratio(full.width) / ratio(best.width))
+    pacer.ran(choice.kind)
+    return choice
 
 
 @dataclass(frozen=True)
@@ -43,15 +110,14 @@ class StepPlanner:
     acceptance). Plain requests take width 1; a fixed (N, W, G) (`adapt` off) takes its whole
     step, which sets a floor every other row rides up to for free, as long as that step keeps the
     predicted time per output token within `slo_tpot_ms`; past it, a fixed row is priced like a
-    paced one, so no request can widen everyone's step beyond the SLO. Costs are `StepCosts` at
+    paced one, so no request can widen everyone's step beyond the SLO. A plan's `Prices` are those of
     the batch the queue would fill (running + waiting, up to `max_batch`), and the SLO caps every
     width: a step may not widen past it. A menu's expected tokens beyond one are discounted by how
     far wide steps fell short of their plans (`bias`, learned in `learn`).
     """
 
-    def __init__(self, costs: StepCosts, max_batch: int, slo_tpot_ms: float | None = None,
-                 row_price: float | None = None, bias: YieldBias | None = None, max_pause: int = 16) -> None:
-        self.costs = costs
+    def __init__(self, max_batch: int, slo_tpot_ms: float | None = None, row_price: float | None = None,
+                 bias: YieldBias | None = None, max_pause: int = 16) -> None:
         self.max_batch = max_batch
         self.slo_tpot_ms = slo_tpot_ms
         self.pinned_price = row_price  # as if a row cost this on any machine (tests, benchmarks of tokens per step)
@@ -74,24 +140,22 @@ class StepPlanner:
             self._pause[bucket] = (left - 1, last)
         return not left
 
-    def row_price(self, requests: int) -> float:
-        """The price of one more row per request, in one-token steps, at the batch the queue would
-        fill (measured, unless pinned): candidates accepted less often than this do not earn their row."""
-        if self.pinned_price is not None:
-            return self.pinned_price
-        return self.costs.row_price(min(self.max_batch, requests))
+    def batch(self, requests: int) -> int:
+        """The batch whose prices a plan reads: what the queue would fill."""
+        return min(self.max_batch, requests)
 
-    def plan(self, drafts: Sequence[Draft | None], row_price: float, waiting: int = 0) -> list[StepChoice]:
+    def row_price(self, prices: Prices) -> float:
+        """The price of one more row per request, in one-token steps (measured, unless pinned):
+        candidates accepted less often than this do not earn their row."""
+        return prices.row_price if self.pinned_price is None else self.pinned_price
+
+    def plan(self, drafts: Sequence[Draft | None], row_price: float, prices: Prices) -> list[StepChoice]:
         """Each request's kind and, for a step with a tree, the likeliest tree rows it keeps."""
         offers = [offer(d, row_price) for d in drafts]
-        costs = self.costs
-        batch = min(self.max_batch, len(offers) + waiting)
-
-        def ratio(width: int) -> float:
-            return costs.ratio(batch, width)
+        batch, ratio = prices.batch, prices.ratio
 
         def fits_slo(width: int, tokens_per_row: float) -> bool:
-            ms = costs.estimate_ms(batch, width)
+            ms = prices.estimate_ms(width)
             return ms is None or self.slo_tpot_ms is None or ms / max(tokens_per_row, 1.0) <= self.slo_tpot_ms
 
         floor = max((o.width for o in offers if o.pacer is None), default=1)
@@ -150,7 +214,7 @@ def _choice(o: Offer, cap: int, ratio, widen: bool) -> StepChoice:
     """A whole step keeps the offer's `full_rows`, a VERIFY step its option's rows."""
     if o.pacer is not None:
         assert o.menu is not None  # a paced offer carries its menu
-        c = o.pacer.pick(o.menu, o.copied, cap, ratio, widen)
+        c = pick(o.pacer, o.menu, o.copied, cap, ratio, widen)
         return StepChoice(StepKind.FULL, c.copied, c.to_beat, o.full_rows) if c.kind is StepKind.FULL else c
     if o.menu is None:
         return StepChoice(StepKind.PLAIN if o.width == 1 else StepKind.FULL)
@@ -158,3 +222,18 @@ def _choice(o: Offer, cap: int, ratio, widen: bool) -> StepChoice:
         return StepChoice(StepKind.FULL, o.copied, rows=o.full_rows)
     best = best_option(o.menu, cap)  # a fixed row the SLO does not let run whole
     return StepChoice(best.kind, o.copied, rows=best.rows)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Batch entry b runs `seqs[b]` with `drafts[b]` (None: plain decoding) as `spans[b]`; every
+    span is padded to `width` step rows."""
+
+    seqs: list[Running]
+    drafts: list[Draft | None]
+    spans: list[Span]
+    width: int
+
+    @property
+    def batch(self) -> int:
+        return len(self.seqs)

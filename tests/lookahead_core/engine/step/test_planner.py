@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from lookahead_core.engine.planner import StepPlanner
-from lookahead_core.engine.step_costs import StepCosts
+from lookahead_core.engine.step.planner import StepPlanner
+from lookahead_core.engine.step.prices import Prices, StepCosts
 from lookahead_core.lookahead.drafter import Draft
 from lookahead_core.lookahead.pacing import StepKind, StepPacer
 from lookahead_core.lookahead.tree import CandidateTree
@@ -12,6 +12,11 @@ from lookahead_core.lookahead.tree import CandidateTree
 def _draft(odds, pacer: StepPacer | None, copied=True, full_start=8, full_tokens=2.0) -> Draft:
     odds = np.asarray(odds, dtype=float)
     return Draft(CandidateTree(len(odds)), np.arange(len(odds)), odds, copied, full_start, full_tokens, pacer)
+
+
+def _plan(planner: StepPlanner, costs: StepCosts, drafts, row_price=0.0):
+    """A plan at the prices of the batch the drafts fill."""
+    return planner.plan(drafts, row_price, costs.prices(planner.batch(len(drafts))))
 
 
 def _copied_run_offer(tokens: int) -> Draft:
@@ -27,20 +32,20 @@ def test_one_row_with_a_long_copied_run_does_not_widen_a_batch_past_the_slo():
     costs = StepCosts()
     costs.observe(16, 1, 216.0)
     costs.observe(1, 1, 30.0)
-    planner = StepPlanner(costs, max_batch=16, slo_tpot_ms=50.0)
-    choices = planner.plan([_copied_run_offer(20)] + [None] * 15, row_price=0.0)
+    planner = StepPlanner(max_batch=16, slo_tpot_ms=50.0)
+    choices = _plan(planner, costs, [_copied_run_offer(20)] + [None] * 15)
     assert [c.kind for c in choices] == [StepKind.PLAIN] * 16
-    (alone,) = planner.plan([_copied_run_offer(20)], row_price=0.0)
+    (alone,) = _plan(planner, costs, [_copied_run_offer(20)])
     assert alone.kind is not StepKind.PLAIN
 
 
 def test_a_whole_step_keeps_the_tree_rows_that_earn_their_price():
     """A fixed (N, W, G) runs whole: the planner keeps the rows accepted at least as often as a
     row costs, and the width follows."""
-    planner = StepPlanner(StepCosts(), max_batch=4)
+    planner = StepPlanner(max_batch=4)
     odds = [0.9, 0.5, 0.2, 0.05]
     for price, rows in ((0.0, 4), (0.1, 3), (0.6, 1), (1.0, 0)):
-        (choice,) = planner.plan([_draft(odds, pacer=None)], row_price=price)
+        (choice,) = planner.plan([_draft(odds, pacer=None)], price, Prices.linear(1, 0.05))
         assert choice.kind is StepKind.FULL and choice.rows == rows
 
 
@@ -48,8 +53,8 @@ def test_a_pinned_row_price_holds_whatever_the_costs_say():
     costs = StepCosts()
     costs.observe(1, 1, 10.0)
     costs.observe(1, 17, 100.0)
-    assert StepPlanner(costs, max_batch=1).row_price(1) > 0.1
-    assert StepPlanner(costs, max_batch=1, row_price=0.0).row_price(1) == 0.0
+    assert StepPlanner(max_batch=1).row_price(costs.prices(1)) > 0.1
+    assert StepPlanner(max_batch=1, row_price=0.0).row_price(costs.prices(1)) == 0.0
 
 
 def test_the_slo_prices_a_width_never_run_at_least_by_the_prior():
@@ -72,10 +77,10 @@ def test_rows_that_do_not_pace_pay_a_wider_step_too():
         costs.observe(batch, 1, 50.0)
         costs.observe(batch, 2, 100.0)
         costs.observe(batch, 3, 100.0)
-    planner = StepPlanner(costs, max_batch=16)
+    planner = StepPlanner(max_batch=16)
     sure = _draft([1.0, 1.0, 0.0], StepPacer(), full_start=9)
-    assert planner.plan([sure], row_price=0.0)[0].kind is StepKind.VERIFY
-    assert [c.kind for c in planner.plan([sure] + [None] * 15, row_price=0.0)] == [StepKind.PLAIN] * 16
+    assert _plan(planner, costs, [sure])[0].kind is StepKind.VERIFY
+    assert [c.kind for c in _plan(planner, costs, [sure] + [None] * 15)] == [StepKind.PLAIN] * 16
 
 
 def test_drafting_pauses_while_plans_keep_every_row_plain():
@@ -85,13 +90,13 @@ def test_drafting_pauses_while_plans_keep_every_row_plain():
     costs = StepCosts(alpha=1.0, settle=1)
     for width, ms in ((1, 50.0), (2, 100.0), (3, 150.0)):
         costs.observe(16, width, ms)
-    planner = StepPlanner(costs, max_batch=16, max_pause=4)
+    planner = StepPlanner(max_batch=16, max_pause=4)
     doubtful = [_draft([0.3, 0.2], StepPacer(), full_start=9)] * 16
     drafted = []
     for step in range(20):
         due = planner.drafts_due(16)
         if due:
-            assert all(c.kind is StepKind.PLAIN for c in planner.plan(doubtful, row_price=0.0))
+            assert all(c.kind is StepKind.PLAIN for c in _plan(planner, costs, doubtful))
             drafted.append(step)
     assert drafted == [0, 2, 5, 10, 15]
     assert planner.drafts_due(4)
@@ -99,11 +104,11 @@ def test_drafting_pauses_while_plans_keep_every_row_plain():
     costs.observe(1, 2, 100.0)
     for _ in range(3):
         assert planner.drafts_due(1)
-        planner.plan(doubtful[:1], row_price=0.0)
+        _plan(planner, costs, doubtful[:1])
     costs.observe(16, 2, 50.0)  # width got cheap: the next plan widens, and drafting resumes
     while not planner.drafts_due(16):
         pass
-    assert planner.plan(doubtful, row_price=0.0)[0].kind is not StepKind.PLAIN
+    assert _plan(planner, costs, doubtful)[0].kind is not StepKind.PLAIN
     assert planner.drafts_due(16)
 
 
@@ -113,14 +118,14 @@ def test_the_planner_learns_how_far_wide_steps_fall_short_of_their_estimate():
     costs = StepCosts(alpha=1.0, settle=1)
     costs.observe(16, 1, 50.0)
     costs.observe(16, 2, 70.0)
-    planner = StepPlanner(costs, max_batch=16)
+    planner = StepPlanner(max_batch=16)
     rows = [_draft([0.5], StepPacer(), full_start=9)] * 16
-    assert all(c.kind is StepKind.VERIFY for c in planner.plan(rows, row_price=0.0))
+    assert all(c.kind is StepKind.VERIFY for c in _plan(planner, costs, rows))
     for _ in range(10):
-        planner.plan(rows, row_price=0.0)
+        _plan(planner, costs, rows)
         planner.learn([2 if b % 4 == 0 else 1 for b in range(16)])  # 4 extra tokens where 8 were expected
     assert planner.bias.factor == pytest.approx(0.5)
-    assert all(c.kind is StepKind.PLAIN for c in planner.plan(rows, row_price=0.0))
+    assert all(c.kind is StepKind.PLAIN for c in _plan(planner, costs, rows))
     planner.learn([1] * 16)  # a plain step teaches nothing
     assert planner.bias.factor == pytest.approx(0.5)
 
@@ -133,11 +138,11 @@ def test_a_batch_whose_graphs_were_timed_keeps_its_rows_plain_where_width_is_dea
     rows = [_draft([0.7], StepPacer(), full_start=9)] * 4
     untimed = StepCosts()
     untimed.observe(4, 1, 25.0)
-    assert all(c.kind is StepKind.VERIFY for c in StepPlanner(untimed, max_batch=4).plan(rows, row_price=0.0))
+    assert all(c.kind is StepKind.VERIFY for c in _plan(StepPlanner(max_batch=4), untimed, rows))
     timed = StepCosts()
     timed.calibrate({4: {1: 24.0, 2: 41.0, 4: 55.0, 8: 90.0}})
     timed.observe(4, 1, 25.0)
-    planner = StepPlanner(timed, max_batch=4)
-    assert all(c.kind is StepKind.PLAIN for c in planner.plan(rows, row_price=0.0))
+    planner = StepPlanner(max_batch=4)
+    assert all(c.kind is StepKind.PLAIN for c in _plan(planner, timed, rows))
     sure = _draft([1.0, 1.0, 1.0], StepPacer(), full_start=9)  # 4 tokens from a step of 4
-    assert planner.plan([sure] + rows[:3], row_price=0.0)[0].kind is StepKind.VERIFY
+    assert _plan(planner, timed, [sure] + rows[:3])[0].kind is StepKind.VERIFY

@@ -1,11 +1,12 @@
 """Which sequences run, in which KV slot: FIFO admission, prompt chunks of at most `prefill_chunk`
-tokens per step, finish and retire."""
+tokens per step, finish and retire; one `ScheduleOutput` per step says what the step runs."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from lookahead_core.engine.sequence import Sequence
+from lookahead_core.engine.step.sequence import Sequence
 from lookahead_core.lookahead.stopping import FinishReason
 
 
@@ -16,6 +17,32 @@ class SlotMove:
 
     dst: int
     src: int | None = None
+
+
+@dataclass(frozen=True)
+class PrefillJob:
+    """Prompt tokens [start, start + tokens) of `seq` into its slot, after the `reused` tokens of a
+    stored prefix are copied in (at admission only); `last`: the chunk completes the prompt."""
+
+    seq: Sequence
+    slot: int
+    start: int
+    tokens: int
+    reused: int = 0
+    last: bool = False
+
+
+@dataclass(frozen=True)
+class ScheduleOutput:
+    """One step's schedule: the sequences that finished and the slot moves that close their holes
+    (applied before anything runs), the prompt chunks to prefill, the sequences that decode, and
+    how many requests stand behind them (waiting, prefilling, or just prefilled)."""
+
+    retired: list[Sequence]
+    moves: list[SlotMove]
+    prefill: list[PrefillJob]
+    decode: list[Sequence]
+    behind: int
 
 
 class Scheduler:
@@ -44,28 +71,39 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def next_prefill(self, budget: int | None = None) -> tuple[Sequence, int, int] | None:
-        """(sequence, start, tokens) of the next prefill chunk, of at most `budget` tokens (default:
-        `prefill_chunk`), admitting a waiting sequence into the next slot if one is free."""
-        if self.prefilling is None:
-            if not self.waiting or len(self.running) >= self.max_batch:
-                return None
-            self.prefilling = seq = self.waiting.popleft()
-            seq.slot = len(self.running)
-            self.prefilled = 0
-        seq = self.prefilling
-        remaining = seq.prompt_len - self.prefilled
-        return seq, self.prefilled, min(remaining, self.prefill_chunk if budget is None else budget)
-
-    def prefill_done(self, tokens: int) -> Sequence | None:
-        """Record a prefill chunk; returns the sequence when its prompt is in and it starts running."""
-        self.prefilled += tokens
-        seq = self.prefilling
-        if seq is None or self.prefilled < seq.prompt_len:
-            return None
-        self.prefilling = None
-        self.running.append(seq)
-        return seq
+    def schedule(self, prefix_match: Callable[[Sequence], int] = lambda seq: 0) -> ScheduleOutput:
+        """Retire the finished; then prompt chunks of `prefill_chunk` tokens in all, admitting waiting
+        sequences into free slots in order (`prefix_match(seq)`: the prompt tokens a stored prefix
+        gives an admitted sequence, not charged to the budget); the sequences running before them
+        decode. Short prompts arriving together share one step; a prompt a chunk completes runs
+        from the next step's decode. The state changes here, as the step will carry it out."""
+        retired, moves = self.retire()
+        decode = list(self.running)
+        jobs: list[PrefillJob] = []
+        budget = self.prefill_chunk
+        while budget > 0:
+            reused = 0
+            if self.prefilling is None:
+                if not self.waiting or len(self.running) >= self.max_batch:
+                    break
+                self.prefilling = seq = self.waiting.popleft()
+                seq.slot = len(self.running)
+                self.prefilled = reused = prefix_match(seq)
+                assert 0 <= reused < seq.prompt_len, "a stored prefix never holds a prompt's last token"
+            seq = self.prefilling
+            assert seq.slot is not None
+            start = self.prefilled
+            n = min(seq.prompt_len - start, budget)
+            self.prefilled += n
+            last = self.prefilled == seq.prompt_len
+            jobs.append(PrefillJob(seq, seq.slot, start, n, reused, last))
+            budget -= n
+            if not last:  # the prompt goes on next step
+                break
+            self.prefilling = None
+            self.running.append(seq)
+        behind = len(self.waiting) + (self.prefilling is not None) + len(self.running) - len(decode)
+        return ScheduleOutput(retired, moves, jobs, decode, behind)
 
     def abort(self, seq: Sequence, reason: FinishReason = FinishReason.ABORT) -> list[SlotMove]:
         """End `seq` from outside the step (as ABORT, or as the caller's `reason`). A waiting or

@@ -1,10 +1,7 @@
+"""StepCosts' prices: measured ratios, the priors for widths not settled, timed graphs, row price."""
 import pytest
 
-from lookahead_core.engine.step_costs import StepCosts, batch_bucket
-
-
-def test_batch_buckets_are_powers_of_two():
-    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [0, 1, 2, 2, 3, 3, 4, 4]
+from lookahead_core.engine.step.prices import StepCosts
 
 
 def test_prior_before_anything_is_measured():
@@ -22,15 +19,6 @@ def test_ratio_is_measured_per_batch_bucket():
     assert costs.ratio(1, 9) == 2.0
     assert costs.ratio(3, 9) == 3.0  # batch 3 shares the bucket of 4
     assert costs.table() == {"b1t1": 10.0, "b1t9": 20.0, "b4t1": 30.0, "b4t9": 90.0}
-
-
-def test_totals_sum_every_forward_unclipped_where_the_mean_is_clipped():
-    costs = StepCosts(alpha=0.5, clip=2.0)
-    for ms in (10.0, 10.0, 100.0):  # one slow forward: the mean counts it as 20
-        costs.observe(1, 1, ms)
-    costs.observe(3, 2, 7.0)
-    assert costs.table() == {"b1t1": 15.0, "b4t2": 7.0}
-    assert costs.totals() == {"b1t1": (120.0, 3), "b4t2": (7.0, 1)}
 
 
 def test_an_unmeasured_width_costs_the_widest_narrower_one_plus_the_slope():
@@ -121,16 +109,6 @@ def test_a_width_still_being_tried_is_priced_from_a_settled_narrower_one():
     assert c.ratio(1, 6) == c.prior_ratio(6)  # another batch bucket knows nothing yet
 
 
-def test_one_preempted_forward_moves_the_mean_by_at_most_clip():
-    c = StepCosts(alpha=0.1, settle=1, clip=2.0)
-    c.observe(1, 1, 10.0)
-    c.observe(1, 17, 30.0)
-    c.observe(1, 17, 3000.0)  # descheduled mid-forward
-    assert c.measured(1, 17) == 30.0 + 0.1 * (60.0 - 30.0)
-    c.observe(1, 17, 15.0)  # faster samples are never clipped
-    assert c.measured(1, 17) == 33.0 + 0.1 * (15.0 - 33.0)
-
-
 def test_a_width_priced_out_under_load_is_tried_again_once_its_timing_is_stale():
     """A burst of load times the widest step at 10x; rows are then pruned, so that width would
     never run again and never be re-measured. After `stale` forwards it is priced by the prior
@@ -149,11 +127,6 @@ def test_a_width_priced_out_under_load_is_tried_again_once_its_timing_is_stale()
     assert c.measured(1, 17) == 20.0
     c.observe(1, 17, 20.0)
     assert c.ratio(1, 17) == 2.0
-
-
-def test_costs_refuse_a_clip_below_one():
-    with pytest.raises(ValueError, match="clip"):
-        StepCosts(clip=0.5)
 
 
 def test_a_batch_whose_forward_changed_is_measured_afresh():

@@ -1,8 +1,8 @@
 import torch
 
 from lookahead_core import LookaheadParams
-from lookahead_core.engine.scheduler import Scheduler, SlotMove
-from lookahead_core.engine.sequence import Sequence
+from lookahead_core.engine.step.scheduler import Scheduler, SlotMove
+from lookahead_core.engine.step.sequence import Sequence
 from lookahead_core.lookahead.layout import StepLayout
 from lookahead_core.lookahead.stopping import FinishReason
 from tests.lookahead_core.helpers import req
@@ -12,25 +12,39 @@ def _seq(i, n_prompt, params=None):
     return Sequence.of(req(i, range(1, n_prompt + 1), 4, params), params, lambda p: StepLayout(p, torch.float32, "cpu"))
 
 
+def _jobs(out):
+    return [(j.seq, j.start, j.tokens, j.reused, j.last) for j in out.prefill]
+
+
 def test_prefill_in_chunks_then_running():
     s = Scheduler(max_batch=2, prefill_chunk=4)
     a = _seq("a", 9)  # 9 tokens to prefill (the last one gives the first new token): 4 + 4 + 1
     s.add(a)
-    assert s.next_prefill() == (a, 0, 4) and a.slot == 0
-    assert s.prefill_done(4) is None
-    assert s.next_prefill() == (a, 4, 4)
-    s.prefill_done(4)
-    assert s.next_prefill() == (a, 8, 1)
-    assert s.prefill_done(1) is a
+    first = s.schedule()
+    assert _jobs(first) == [(a, 0, 4, 0, False)] and a.slot == 0 and first.decode == [] and first.behind == 1
+    assert _jobs(s.schedule()) == [(a, 4, 4, 0, False)]
+    last = s.schedule()
+    assert _jobs(last) == [(a, 8, 1, 0, True)] and last.decode == [] and last.behind == 1  # decodes next step
     assert s.running == [a] and s.prefilling is None
+    assert s.schedule().decode == [a]
+
+
+def test_short_prompts_share_one_step_and_a_stored_prefix_is_not_charged():
+    s = Scheduler(max_batch=4, prefill_chunk=8)
+    a, b, c = _seq("a", 3), _seq("b", 12), _seq("c", 3)
+    for seq in (a, b, c):
+        s.add(seq)
+    out = s.schedule(lambda seq: 6 if seq is b else 0)
+    assert _jobs(out) == [(a, 0, 3, 0, True), (b, 6, 5, 6, False)] and b.slot == 1
+    assert s.running == [a] and s.prefilling is b
+    assert _jobs(s.schedule()) == [(b, 11, 1, 0, True), (c, 0, 3, 0, True)] and [q.slot for q in s.running] == [0, 1, 2]
 
 
 def test_a_one_token_prompt_prefills_its_token():
     s = Scheduler(max_batch=2, prefill_chunk=4)
     a = _seq("a", 1)
     s.add(a)
-    assert s.next_prefill() == (a, 0, 1)
-    assert s.prefill_done(1) is a
+    assert _jobs(s.schedule()) == [(a, 0, 1, 0, True)]
 
 
 def test_fifo_and_slot_limit():
@@ -38,24 +52,23 @@ def test_fifo_and_slot_limit():
     a, b = _seq("a", 2), _seq("b", 2)
     s.add(a)
     s.add(b)
-    job = s.next_prefill()
-    assert job[0] is a
-    s.prefill_done(job[2])
-    assert s.next_prefill() is None  # no free slot for b
+    assert _jobs(s.schedule()) == [(a, 0, 2, 0, True)]
+    out = s.schedule()
+    assert out.prefill == [] and out.decode == [a] and out.behind == 1  # no free slot for b
     assert len(s) == 2 and s.free_slots() == 0
     a.finish_reason = FinishReason.LENGTH
-    assert s.retire() == ([a], [SlotMove(0)])
-    assert s.next_prefill()[0] is b and b.slot == 0
+    out = s.schedule()
+    assert out.retired == [a] and out.moves == [SlotMove(0)] and _jobs(out)[0][0] is b and b.slot == 0
 
 
 def test_retire_fills_holes_from_the_end_and_moves_the_prefilling_slot():
     s = Scheduler(max_batch=4, prefill_chunk=8)
-    seqs = [_seq(i, 2) for i in range(4)]
+    seqs = [_seq(i, 4 if i < 3 else 6) for i in range(4)]
     for seq in seqs:
         s.add(seq)
-    for _ in range(3):
-        s.prefill_done(s.next_prefill()[2])
-    s.next_prefill()  # the fourth holds slot 3, prefilling
+    s.schedule()  # 4 + 4 tokens: the first two run
+    s.schedule()  # the third runs; the fourth holds slot 3, prefilling
+    assert s.prefilling is seqs[3] and seqs[3].slot == 3
     seqs[0].finish_reason = FinishReason.EOS
     done, moves = s.retire()
     assert done == [seqs[0]] and moves == [SlotMove(0, 2), SlotMove(2, 3)]
@@ -63,12 +76,12 @@ def test_retire_fills_holes_from_the_end_and_moves_the_prefilling_slot():
 
 
 def test_abort_frees_a_waiting_or_prefilling_slot_at_once_and_a_running_one_at_retire():
-    s = Scheduler(max_batch=2, prefill_chunk=8)
+    s = Scheduler(max_batch=2, prefill_chunk=3)
     a, b, c = _seq("a", 2), _seq("b", 2), _seq("c", 2)
     for seq in (a, b, c):
         s.add(seq)
-    s.prefill_done(s.next_prefill()[2])
-    s.next_prefill()  # b prefilling in slot 1
+    s.schedule()  # a runs, b prefilling in slot 1
+    assert s.prefilling is b and b.slot == 1
     assert s.abort(c) == [] and c.finish_reason is FinishReason.ABORT and c not in s.waiting
     assert s.abort(b) == [SlotMove(1)] and s.prefilling is None
     assert s.abort(a) == [] and s.running == [a]

@@ -7,10 +7,10 @@ import signal
 import pytest
 
 from lookahead_core import LookaheadParams
-from lookahead_core.engine.async_engine import AsyncEngine, EngineStopped
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.engine_process import EngineProcess
+from lookahead_core.engine.host.async_engine import AsyncEngine, EngineStopped
+from lookahead_core.engine.host.engine_process import EngineProcess
 from lookahead_core.models.random_models import build_random_model
 from tests.fixtures import wait_until
 from tests.lookahead_core.helpers import random_prompts, req

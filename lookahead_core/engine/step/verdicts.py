@@ -1,60 +1,58 @@
-"""A decode step's outputs into each request's verdict and tokens: sampled walks drawn, the accepted
-rows' keys and values moved behind the last token, what the step taught, one `StepOutput` per request."""
+"""A step's outputs into each request's verdict and tokens: sampled walks drawn, the step rows whose
+keys and values stay, what the step taught, one `StepOutput` per request; a prefill's first token."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import numpy as np
 import torch
 
-from lookahead_core.engine.logprobs import TokenLogprob, token_logprobs
-from lookahead_core.engine.runner.kv_cache import BatchKVCache
-from lookahead_core.engine.sequence import Sequence
-from lookahead_core.engine.sequence_stats import SequenceStats
-from lookahead_core.engine.step_plan import StepPlan
+from lookahead_core.engine.io import StepOutput, token_logprobs
+from lookahead_core.engine.step.planner import StepPlan
+from lookahead_core.engine.step.scheduler import PrefillJob
+from lookahead_core.engine.step.sequence import Sequence
 from lookahead_core.lookahead.drafter import Draft, Span, plain_span
-from lookahead_core.lookahead.pacing import StepKind
+from lookahead_core.lookahead.knowledge import ReplicaKnowledge
 from lookahead_core.lookahead.sampling import SamplingParams, position_uniform, sample_rows
-from lookahead_core.lookahead.stopping import FinishReason
 from lookahead_core.lookahead.verify import verify
 
 
-@dataclass
-class StepOutput:
-    """One request's share of a step: the tokens it accepted, what kind of row it ran and how
-    wide; on its last output the finish reason and the request's `SequenceStats`."""
-
-    seq_id: str | int
-    tokens: list[int]
-    finish_reason: FinishReason | None = None
-    kind: StepKind | None = None
-    width: int = 0
-    stats: SequenceStats | None = None
-    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output; the first token has none
-
-
-def update(plan: StepPlan, pred: list[list[int]], logits: torch.Tensor, cache: BatchKVCache) -> list[StepOutput]:
+def verify_step(plan: StepPlan, pred: list[list[int]], logits: torch.Tensor) -> tuple[list[StepOutput], list[list[int]]]:
     """Each running request takes its verdict (`pred`: the argmax of every step row; sampled
-    requests walk their drawn tokens); its slot's length grows by it and the accepted candidate's
-    rows move right behind the last token."""
-    lengths = cache.lengths
+    requests walk their drawn tokens); returns the outputs and, per request, the step rows whose
+    keys and values stay (the runner's `commit` moves them behind the last token)."""
     drawn = draw_walks(plan, logits)
     outputs: list[StepOutput] = []
-    slots: list[int] = []
-    src: list[int] = []
-    dst: list[int] = []
+    kept: list[list[int]] = []
     for b, (seq, draft, span) in enumerate(zip(plan.seqs, plan.drafts, plan.spans)):
         out, kv_rows = settle(seq, draft, span, pred[b], drawn.get(b), logits[b])
-        start = lengths[b]
-        if kv_rows:
-            slots.extend([b] * len(kv_rows))
-            src.extend(start + r for r in kv_rows)
-            dst.extend(range(start + 1, start + 1 + len(kv_rows)))
-        lengths[b] = start + len(out.tokens)
         outputs.append(out)
-    if slots:
-        cache.move_entries(slots, src, dst)
-    return outputs
+        kept.append(kv_rows)
+    return outputs, kept
+
+
+def prefilled(job: PrefillJob, logits: torch.Tensor, knowledge: ReplicaKnowledge, observed: bool) -> StepOutput | None:
+    """What a prompt chunk's logits (`logits` [1, T', V]) say: the prompt tokens' logprobs where
+    asked, and for the chunk that completes the prompt its first new token (`first_token`). The
+    successors table learns the chunk's tokens' successors where every row came back (`observed`),
+    else the last prompt token's, as a decode step records them."""
+    seq, start, n = job.seq, job.start, job.tokens
+    succ = knowledge.successors
+    if observed and succ is not None:
+        knowledge.observe_prefill(np.asarray(seq.tokens[start : start + n]),
+                                  logits[0].topk(succ.k, dim=-1).indices.cpu().numpy())
+    if seq.prompt_logprobs is not None and seq.prompt_lp is not None:  # row i predicts prompt token start + i + 1
+        rows = min(n, seq.prompt_len - 1 - start)
+        seq.prompt_lp += token_logprobs(logits[0], range(rows), seq.tokens[start + 1 : start + rows + 1],
+                                        seq.prompt_logprobs)
+    if not job.last:
+        return None
+    last = logits[0, -1:]
+    pred = last.argmax(dim=-1, keepdim=True)  # [1, 1]
+    if succ is not None and not observed:  # with the argmax in one transfer, as a decode step
+        pred = torch.cat([pred, last.topk(succ.k, dim=-1).indices], dim=-1)
+    tokens = pred.cpu().numpy()
+    if succ is not None and not observed:
+        knowledge.observe_prefill(np.asarray(seq.tokens[-1:]), tokens[:, 1:])
+    return first_token(seq, last, int(tokens[0, 0]))
 
 
 def first_token(seq: Sequence, logits: torch.Tensor, greedy: int) -> StepOutput:

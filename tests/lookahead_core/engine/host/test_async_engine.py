@@ -5,9 +5,9 @@ import time
 import pytest
 
 from lookahead_core import LookaheadParams
-from lookahead_core.engine.async_engine import AsyncEngine, EngineLimits
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.host.async_engine import AsyncEngine, EngineLimits
 from lookahead_core.lookahead.stopping import FinishReason
 from lookahead_core.models.random_models import build_random_model
 from tests.fixtures import wait_until
@@ -69,7 +69,7 @@ def test_timeout_ends_the_request(setup):
     """A deadline ends the request in the engine as TIMEOUT: its slot frees, its text so far is
     finished text (the history gets it), and it is not counted as an abort."""
     engine, cases = setup
-    from lookahead_core.engine.async_engine import RequestTimeout
+    from lookahead_core.engine.host.async_engine import RequestTimeout
     aborted, written = engine.engine.aborted, engine.engine.knowledge.history.written
 
     async def main():

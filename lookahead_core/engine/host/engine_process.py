@@ -21,7 +21,7 @@ from typing import Any
 
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.engine_loop import Command, EngineLimits, EngineLoop, Event, StopCommand, Stopped
+from lookahead_core.engine.host.engine_loop import Command, EngineLimits, EngineLoop, Event, StopCommand, Stopped
 
 Build = Callable[[], tuple[Engine, dict[str, Any]]]
 

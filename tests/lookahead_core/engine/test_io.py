@@ -5,7 +5,7 @@ import torch
 from lookahead_core import LookaheadParams
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.logprobs import token_logprobs
+from lookahead_core.engine.io import token_logprobs
 from lookahead_core.models.random_models import build_random_model
 from tests.lookahead_core.helpers import req, well_conditioned_cases
 

@@ -1,137 +1,66 @@
-"""What a decode forward costs on this machine, learned from the forwards the engine runs."""
+"""What a step of each width is expected to cost, from the measured table and the priors for what
+it has not settled; one `Prices` value per plan is what the planner reads."""
 from __future__ import annotations
 
-import bisect
-from collections.abc import Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from lookahead_core.engine.step.costs import CostTable, batch_bucket
 
 
-def batch_bucket(batch: int) -> int:
-    """Batch sizes are pooled by powers of two: 1, 2, 3-4, 5-8, ..."""
-    return max(batch - 1, 0).bit_length()
+@dataclass(frozen=True)
+class Prices:
+    """A plan's prices at one batch size: `ratio(width)`, a step of `width` tokens per row against
+    a one-token step; `estimate_ms(width)`, its expected milliseconds (None: nothing known yet);
+    `row_price`, what one more token per row costs, in one-token steps."""
+
+    batch: int
+    row_price: float
+    ratio: Callable[[int], float]
+    estimate_ms: Callable[[int], float | None]
+
+    @classmethod
+    def linear(cls, batch: int, slope: float, one_ms: float | None = None) -> Prices:
+        """Every token beyond the first costs `slope` one-token steps (of `one_ms`, if known)."""
+        def ratio(width: int) -> float:
+            return 1.0 + slope * max(width - 1, 0)
+        return cls(batch, slope, ratio, lambda width: None if one_ms is None else one_ms * ratio(width))
 
 
-class StepCosts:
-    """Running mean of decode-forward milliseconds per (batch bucket, tokens per row).
+class StepCosts(CostTable):
+    """The table's cells priced, with priors for what has not settled.
 
-    The cost of widening a step is a property of the machine, the model and its dtype, and it
-    drifts (other load, clocks), so it is measured on every step rather than read from a file.
-    `ratio(batch, width)` is what a step `width` tokens wide costs against a one-token step.
-    A width not yet settled is priced by a prior: the widest settled narrower width plus, per
-    token beyond it, the bucket's `slope` learned from the wide widths run so far (`prior_slope`
-    before any), so it gets tried where that says it pays, and then measured (where width is dear,
-    a cheap prior had every width tried in turn, each costing far more than it was priced at).
-    A wide cell with fewer than `settle` forwards is blended with the prior (CPU timings err slow:
-    one preempted forward must not price a width out before it was tried again). For the same
-    reason a forward counts at most `clip` times its cell's mean, and a cell not run in the last
-    `stale` forwards is priced by the prior again, so it gets tried and re-measured: a width priced
-    out under a burst of load is not priced out for good.
-    Where the compiled graphs were timed alone (`calibrate`), that is the prior instead: a width
-    not settled costs its timed ratio to a one-token step times the one-token cost measured now,
-    so no width is run to find out what its graph already showed, times what the bucket's other
-    wide widths cost served against their own timed price (`served_factor`).
-    One cell per (bucket, width) the engine can run: the state is bounded by its limits.
+    `ratio(batch, width)` is what a step `width` tokens wide costs against a one-token step. A
+    width not yet settled is priced by a prior: the widest settled narrower width plus, per token
+    beyond it, the bucket's `slope` learned from the wide widths run so far (`prior_slope` before
+    any), so it gets tried where that says it pays, and then measured (where width is dear, a cheap
+    prior had every width tried in turn, each costing far more than it was priced at). A wide cell
+    with fewer than `settle` forwards is blended with the prior (CPU timings err slow: one
+    preempted forward must not price a width out before it was tried again). Where the compiled
+    graphs were timed alone (`calibrate`), that is the prior instead: a width not settled costs its
+    timed ratio to a one-token step times the one-token cost measured now, times what the bucket's
+    other wide widths cost served against their own timed price (`served_factor`).
     """
 
     def __init__(self, alpha: float = 0.1, prior_slope: float = 0.05, settle: int = 8, clip: float = 2.0,
                  stale: int = 512) -> None:
-        if not 0 < alpha <= 1:
-            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
-        if settle < 1:
-            raise ValueError(f"settle must be >= 1, got {settle}")
-        if clip < 1 or stale < 1:
-            raise ValueError(f"clip must be >= 1 and stale >= 1, got {clip} and {stale}")
-        self.alpha = alpha
+        super().__init__(alpha, settle, clip, stale)
         self.prior_slope = prior_slope
-        self.settle = settle
-        self.clip = clip
-        self.stale = stale
-        self._n: dict[tuple[int, int], int] = {}
-        self._ms: dict[tuple[int, int], float] = {}
-        self._seen: dict[tuple[int, int], int] = {}  # the forward count at each cell's latest forward
-        self._totals: dict[tuple[int, int], tuple[float, int]] = {}  # every forward's ms, summed, and their count
-        self._narrowest: dict[int, int] = {}  # per batch bucket, the narrowest measured width
-        self._widest: dict[int, int] = {}
-        self._priors: dict[tuple[int, int], float] = {}  # prior_ms per (bucket, width) at forward `_priors_at`
-        self._ones: dict[int, float] = {}  # one_token_ms per bucket at forward `_priors_at`
-        self._excess: dict[int, dict[int, tuple[float, int]]] = {}  # per bucket, at `_priors_at`: width -> (served/timed, n)
-        self._priors_at = -1
-        self._timed: dict[int, tuple[list[int], list[float]]] = {}  # per bucket: widths timed alone, their ms
-        self.observed = 0
-        self.last: tuple[int, int, float] | None = None  # (batch, width, ms) of the latest forward
+        # derived once per table version: a plan prices every width on offer
+        self._priors: dict[tuple[int, int], float] = {}  # prior_ms per (bucket, width)
+        self._ones: dict[int, float] = {}  # one_token_ms per bucket
+        self._excess: dict[int, dict[int, tuple[float, int]]] = {}  # per bucket: width -> (served/timed, n)
+        self._priors_at = (-1, -1)  # (observed, version) they were derived at
 
-    def observe(self, batch: int, width: int, ms: float) -> None:
-        key = (batch_bucket(batch), width)
-        if width < self._narrowest.get(key[0], width + 1):
-            self._narrowest[key[0]] = width
-        if width > self._widest.get(key[0], 0):
-            self._widest[key[0]] = width
-        n = self._fresh_n(key)
-        old = self._ms.get(key) if n else None
-        self._ms[key] = ms if old is None else old + self.alpha * (min(ms, self.clip * old) - old)
-        self._n[key] = n + 1
-        total, count = self._totals.get(key, (0.0, 0))
-        self._totals[key] = (total + ms, count + 1)
-        self.observed += 1
-        self._seen[key] = self.observed
-        self.last = (batch, width, ms)
-
-    def forget(self, batch: int) -> None:
-        """This batch bucket's cells restart at their next forward (its forward changed: a compiled
-        graph took over from eager), the wider ones priced by the prior until then."""
-        bucket = batch_bucket(batch)
-        for key in self._seen:
-            if key[0] == bucket:
-                self._seen[key] = self.observed - self.stale
-        self._priors_at = -1
-
-    def calibrate(self, table: Mapping[int, Mapping[int, float]]) -> None:
-        """What steps cost alone in the graphs that run them, {batch: {width: ms}} with a one-token
-        step's (`DecodeGraphs.alone_costs`): each batch's bucket is priced by it from now on, and
-        a bucket whose timings changed restarts (`forget`)."""
-        timed = {}
-        for batch, cells in table.items():
-            if 1 in cells and len(cells) > 1:
-                widths = sorted(cells)
-                timed[batch_bucket(batch)] = (widths, [cells[w] for w in widths])
-        for bucket in set(timed) | set(self._timed):
-            if timed.get(bucket) != self._timed.get(bucket):
-                self.forget(1 << bucket)
-        self._timed = timed
-        self._priors_at = -1
-
-    def timed_ratio(self, batch: int, width: int) -> float | None:
-        """A step of `width` against a one-token step as the graphs were timed alone (interpolated
-        between timed widths, extrapolated past the widest), or None where nothing was timed. A
-        batch whose graphs were not timed (the engine was stepping then) takes the nearest timed
-        batch's ratios, the smaller first: far nearer its own than the prior slope."""
-        timed = self._nearest_timed(batch_bucket(batch))
-        if timed is None:
-            return None
-        widths, ms = timed
-        i = min(max(bisect.bisect_left(widths, width), 1), len(widths) - 1)
-        (w0, v0), (w1, v1) = (widths[i - 1], ms[i - 1]), (widths[i], ms[i])
-        return max((v0 + (v1 - v0) * (width - w0) / (w1 - w0)) / ms[0], 1.0)
-
-    def _nearest_timed(self, bucket: int) -> tuple[list[int], list[float]] | None:
-        near = min(self._timed, key=lambda b: (abs(b - bucket), b > bucket), default=None)
-        return None if near is None else self._timed[near]
+    def prices(self, batch: int) -> Prices:
+        """This batch size's prices, for one plan."""
+        return Prices(batch, self.row_price(batch), partial(self.ratio, batch), partial(self.estimate_ms, batch))
 
     def _ratio_prior(self, batch: int, width: int) -> float:
         """A width's cost against a one-token step before it settles: timed, else `prior_ratio`."""
         timed = self.timed_ratio(batch, width)
         return self.prior_ratio(width) if timed is None else timed
-
-    def _fresh_n(self, key: tuple[int, int]) -> int:
-        """Forwards behind this cell's mean; 0 once it has not run for `stale` forwards."""
-        return self._n.get(key, 0) if self.observed - self._seen.get(key, -self.stale) < self.stale else 0
-
-    def samples(self, batch: int, width: int) -> int:
-        """Forwards behind this cell's mean (0 once stale or forgotten)."""
-        return self._fresh_n((batch_bucket(batch), width))
-
-    def measured(self, batch: int, width: int) -> float | None:
-        """This cell's running mean, if a forward of this batch bucket and width has run."""
-        return self._ms.get((batch_bucket(batch), width))
 
     def ms(self, batch: int, width: int) -> float | None:
         """The measured cost of this cell once settled; before, its timings blended with the prior
@@ -208,11 +137,6 @@ class StepCosts:
         rise = sum(n * (w - mean_w) * (v - mean_v) for w, v, n in cells) / spread
         return max(rise / one, 0.0)
 
-    def _settled(self, bucket: int) -> list[tuple[int, float]]:
-        """This bucket's fresh cells with at least `settle` forwards, narrowest first."""
-        return sorted((w, v) for (b, w), v in list(self._ms.items())
-                      if b == bucket and self._fresh_n((b, w)) >= self.settle)
-
     def prior_ratio(self, width: int) -> float:
         return 1.0 + self.prior_slope * (width - 1)
 
@@ -236,11 +160,11 @@ class StepCosts:
 
     def _per_forward(self) -> None:
         """A step's plan prices every width on offer: priors and one-token costs once per forward."""
-        if self._priors_at != self.observed:
+        if self._priors_at != (self.observed, self.version):
             self._priors.clear()
             self._ones.clear()
             self._excess.clear()
-            self._priors_at = self.observed
+            self._priors_at = (self.observed, self.version)
 
     def ratio(self, batch: int, width: int) -> float:
         """Cost of a step of `width` tokens per row against a step of one, at this batch size."""
@@ -277,15 +201,3 @@ class StepCosts:
         if self.measured(batch, width) is None:
             ratio = max(ratio, self._ratio_prior(batch, width))
         return self.one_token_ms(batch) * ratio  # type: ignore[operator]
-
-    def table(self) -> dict[str, float]:
-        """Measured cells as {"b<bucket>t<width>": ms}, for health pages and benchmarks."""
-        cells = dict(self._ms)  # one copy: the engine thread may be adding cells
-        return {f"b{1 << b}t{w}": round(v, 3) for (b, w), v in sorted(cells.items())}
-
-    def totals(self) -> dict[str, tuple[float, int]]:
-        """Every forward's ms per cell, unclipped, as {"b<bucket>t<width>": (sum, count)} over the
-        engine's life: two reads' difference is the plain mean over the window between them (a
-        benchmark level's), where `table`'s running mean weighs the last forwards most."""
-        cells = dict(self._totals)
-        return {f"b{1 << b}t{w}": (round(v, 3), n) for (b, w), (v, n) in sorted(cells.items())}

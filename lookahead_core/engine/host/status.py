@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from lookahead_core.engine.engine import Engine
+from lookahead_core.engine.graphs.decode_graphs import DecodeGraphs
 
 
 def rss_mb() -> float | None:
@@ -24,8 +25,32 @@ def step_time(engine: Engine) -> dict:
             "prefill": round(1000 * engine.prefill_s / steps, 3), "host": round(1000 * host / steps, 3)}
 
 
+def graphs_status(graphs: DecodeGraphs) -> list[dict]:
+    """Every graph: its shape, whether it runs, its compile (or load) seconds, whether it came
+    from the store, its calls, and what its steps cost alone per "b<batch>t<width>"."""
+    return [{"batch": b.batch, "width": b.width, "kv": b.kv, **({"prefill": True} if b.prefill else {}),
+             "dynamic": b.dynamic, "ready": b in graphs.ready,
+             "compile_s": None if g.compile_s is None else round(g.compile_s, 1), "cached": g.cached,
+             "code_mb": round(g.code_bytes / 2**20, 1), "calls": g.calls,
+             "alone_ms": {f"b{bb}t{w}": ms for (bb, w), ms in sorted(g.alone_ms.items())},
+             "timed_alone": b in graphs.ready and not g.untimed,
+             **({"error": graphs.failed[b]} if b in graphs.failed else {})}
+            for b, g in list(graphs.graphs.items())]
+
+
+def graph_status(engine: Engine) -> list[dict]:
+    """The compiled graphs (`DecodeGraphs.status`), each decode graph with what the steps it
+    runs cost served, per "b<batch>t<width>"."""
+    graphs = engine.runner.graphs
+    if graphs is None:
+        return []
+    served = engine.runner.costs.table()
+    return [{**b, "served_ms": {} if b.get("prefill") else served} for b in graphs_status(graphs)]
+
+
 def engine_status(engine: Engine) -> dict:
-    compiled = engine.compiled
+    compiled = engine.runner.graphs
+    prefixes = engine.runner.prefixes
     return {
         "engine": {"pid": os.getpid(), "rss_mb": rss_mb(), "steps": engine.steps, "aborted_requests": engine.aborted},
         "kv_cache": {**engine.kv_plan.as_dict(), "max_seq_len": engine.max_seq_len},
@@ -33,11 +58,11 @@ def engine_status(engine: Engine) -> dict:
         "memory_plan": engine.memory.as_dict(),
         "auto_lookahead": engine.config.lookahead.label,
         "history": engine.knowledge.status(),
-        "prefix_cache": None if engine.prefixes is None else engine.prefixes.status(),
+        "prefix_cache": None if prefixes is None else prefixes.status(),
         "step_costs_ms": engine.runner.costs.table(),
         "step_totals_ms": engine.runner.costs.totals(),
         "step_time_ms": step_time(engine),
-        "compiled_decode": {"mode": engine.config.compile, "buckets": engine.compile_status(),
+        "compiled_decode": {"mode": engine.config.compile, "buckets": graph_status(engine),
                             "ready": compiled is not None and len(compiled.ready) == len(compiled.graphs),
                             "timed": compiled is not None and len(compiled.ready) == len(compiled.graphs)
                             and compiled.timed,

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lookahead_core.engine.engine import Engine
-from lookahead_core.engine.engine_status import engine_status
-from lookahead_core.engine.request import EngineRequest
-from lookahead_core.engine.verification import StepOutput
+from lookahead_core.engine.host.status import engine_status
+from lookahead_core.engine.io import EngineRequest, StepOutput
 from lookahead_core.lookahead.stopping import FinishReason
 
 log = logging.getLogger(__name__)
@@ -129,6 +128,7 @@ class EngineLoop:
             busy = engine.has_work() or engine.idle_turn(pending)  # after a timing, only a look for commands
             for cmd in commands(None if busy else 0.5):
                 if isinstance(cmd, StopCommand):
+                    engine.close()
                     return
                 self._handle(cmd, emit)
             if not engine.has_work():

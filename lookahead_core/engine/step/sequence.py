@@ -5,8 +5,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from lookahead_core.engine.request import EngineRequest
-from lookahead_core.engine.sequence_stats import SequenceStats
+from lookahead_core.engine.io import EngineRequest, SequenceStats
 from lookahead_core.lookahead.drafter import Drafter
 from lookahead_core.lookahead.knowledge import ReplicaKnowledge
 from lookahead_core.lookahead.layout import StepLayout

@@ -1,0 +1,1 @@
+"""Where the engine steps: a thread of the replica or its own process, and the messages between."""

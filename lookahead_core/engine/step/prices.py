@@ -20,13 +20,6 @@ class Prices:
     ratio: Callable[[int], float]
     estimate_ms: Callable[[int], float | None]
 
-    @classmethod
-    def linear(cls, batch: int, slope: float, one_ms: float | None = None) -> Prices:
-        """Every token beyond the first costs `slope` one-token steps (of `one_ms`, if known)."""
-        def ratio(width: int) -> float:
-            return 1.0 + slope * max(width - 1, 0)
-        return cls(batch, slope, ratio, lambda width: None if one_ms is None else one_ms * ratio(width))
-
 
 class StepCosts(CostTable):
     """The table's cells priced, with priors for what has not settled.

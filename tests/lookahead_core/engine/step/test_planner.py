@@ -43,9 +43,10 @@ def test_a_whole_step_keeps_the_tree_rows_that_earn_their_price():
     """A fixed (N, W, G) runs whole: the planner keeps the rows accepted at least as often as a
     row costs, and the width follows."""
     planner = StepPlanner(max_batch=4)
+    prices = Prices(1, 0.05, lambda width: 1.0 + 0.05 * (width - 1), lambda width: None)  # pinned, no SLO
     odds = [0.9, 0.5, 0.2, 0.05]
     for price, rows in ((0.0, 4), (0.1, 3), (0.6, 1), (1.0, 0)):
-        (choice,) = planner.plan([_draft(odds, pacer=None)], price, Prices.linear(1, 0.05))
+        (choice,) = planner.plan([_draft(odds, pacer=None)], price, prices)
         assert choice.kind is StepKind.FULL and choice.rows == rows
 
 

@@ -31,9 +31,13 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-# Ray on a small machine: no usage reporting, no token auth for a local cluster.
+# Ray on a small machine: no usage reporting, no token auth for a local cluster. Its sessions and
+# HAProxy's files in this user's 0700 folder, HAProxy's stats on loopback and ended with Serve, files
+# of no one else's (umask 077); refused, naming what holds them, where the server's ports are taken
+# (deployments/ray_env.py).
 serve: install
-	set -a && . ./configs/ray.env && set +a && $(VENV)/bin/serve run serve_config.yaml
+	umask 077 && env=$$($(PY) deployments/ray_env.py env serve_config.yaml) && eval "$$env" && \
+	  exec $(VENV)/bin/serve run serve_config.yaml
 
 bench: install
 	$(PY) -m benchmarks.bench_decode --prompts benchmarks/prompts/chat.jsonl --chat --num-prompts 16

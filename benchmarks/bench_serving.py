@@ -35,12 +35,19 @@ from pathlib import Path
 import requests
 import yaml
 
-from deployments.ray_env import ray_env
+from deployments.ray_env import prepare
 from loadtests.campaign import stop_server
 from loadtests.client import ClosedLoop, Outcome, chat_body, each_once, generate, percentiles, read_prompts
+from lookahead_core.engine.host.async_engine import STATUS_MAX_AGE_S
 
 ROOT = Path(__file__).resolve().parent.parent
-RAY_ENV = ray_env()
+
+
+def health_now(url: str) -> dict:
+    """/health with figures newer than any read before it (the engine's status is read at most every
+    STATUS_MAX_AGE_S, whoever asks)."""
+    time.sleep(STATUS_MAX_AGE_S + 0.1)
+    return requests.get(url + "/health", timeout=30).json()
 
 
 def level(url: str, bodies: list[dict], users: int) -> dict:
@@ -85,7 +92,7 @@ class Server:
     def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log.open("w")
         self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=ROOT, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True, umask=0o077)
 
     def stop(self) -> None:
         stop_server(self.proc)
@@ -359,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict:
             started = time.time()
             if args.ours_url is None:
                 serve = str(Path(sys.executable).parent / "serve")
-                proc = Server([serve, "run", str(config_path)], RAY_ENV, logs / "ours.log")
+                proc = Server([serve, "run", str(config_path)], prepare(), logs / "ours.log")
             try:
                 startup = ours_ready(url, args.ready_timeout, proc and proc.proc, started)
                 health = requests.get(url + "/health", timeout=30).json()
@@ -376,12 +383,12 @@ def main(argv: list[str] | None = None) -> dict:
                 print(HEADER, flush=True)
                 for u in users:  # the modes side by side at each level: a host that drifts moves both
                     for mode in args.modes.split(","):
-                        before = requests.get(url + "/health", timeout=30).json().get("step_totals_ms", {})
+                        before = health_now(url).get("step_totals_ms", {})
                         rows += run_levels(url, f"ours-{mode}", prompts, [u], args.max_tokens, name, {"lookahead": mode},
                                            args.requests)
-                        after_level = requests.get(url + "/health", timeout=30).json().get("step_totals_ms", {})
+                        after_level = health_now(url).get("step_totals_ms", {})
                         rows[-1]["step_costs_ms"], rows[-1]["step_forwards"] = level_costs(before, after_level)
-                after = requests.get(url + "/health", timeout=30).json()
+                after = health_now(url)
                 print(f"ours after: step_costs_ms={json.dumps(after.get('step_costs_ms'))}", flush=True)
                 print(f"ours after the levels: {memory_line(after)}", flush=True)
                 health["after"] = after
@@ -389,7 +396,7 @@ def main(argv: list[str] | None = None) -> dict:
                 if proc is not None:
                     proc.stop()
                     subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"],
-                                   capture_output=True, env={**os.environ, **RAY_ENV})
+                                   capture_output=True, env={**os.environ, **prepare()})
         elif server == "vllm":
             url = args.vllm_url or f"http://127.0.0.1:{args.port + 1}"
             dtype = health.get("dtype") or "float32"

@@ -15,12 +15,13 @@ from typing import Self
 import requests
 import yaml
 
-from deployments.ray_env import haproxy_ports, ray_env
+from deployments.ray_env import haproxy_ports, prepare
 from loadtests.client import prompt_cycle, read_prompts
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve_cluster.yaml"
 APP = "lookahead"
 MODEL_DEPLOYMENT = "LookaheadModel"
+LOOPBACK = "127.0.0.1"
 
 
 def free_port() -> int:
@@ -81,12 +82,21 @@ class LocalCluster:
     def __enter__(self) -> Self:
         from ray.cluster_utils import Cluster
 
-        os.environ.update({**ray_env(), **haproxy_ports(free_port), **self.env})  # beside another Serve here
+        # configs/ray.env and this user's private folder (deployments/ray_env.py); HAProxy's ports of
+        # its own, beside another Serve here
+        os.environ.update({**prepare(), **haproxy_ports(free_port), **self.env})
         self.dashboard_port = free_port()
-        self.cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1",
-            "dashboard_port": self.dashboard_port})
-        self.nodes = [self.cluster.add_node(num_cpus=self.cpus_per_worker) for _ in range(self.workers)]
+        umask = os.umask(0o077)  # the nodes' processes inherit it: their files are this user's alone
+        try:
+            # every node at 127.0.0.1: Ray's metrics and agents listen on loopback alone (at the host's
+            # address, its metrics listen on every interface)
+            self.cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1",
+                "dashboard_port": self.dashboard_port, "node_ip_address": LOOPBACK})
+            self.nodes = [self.cluster.add_node(num_cpus=self.cpus_per_worker, node_ip_address=LOOPBACK)
+                          for _ in range(self.workers)]
+        finally:
+            os.umask(umask)
         self.cluster.wait_for_nodes()
         self.head_node_id = self.cluster.head_node.node_id
         self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"

@@ -35,6 +35,7 @@ def build_app(args: AppArgs) -> Application:
         raise ValueError("num_gpus > 0 but model.device is 'cpu': set model.device to 'cuda'")
     guard = {
         "api_keys": args.auth.resolve_keys(os.environ),  # read where the app is built, once
+        "operator_keys": args.auth.resolve_operator_keys(os.environ),
         "open_paths": list(args.auth.open_paths),
         "max_body_bytes": args.limits.max_body_bytes,
     }

@@ -81,20 +81,29 @@ class AuthArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     api_keys: list[SecretStr] = Field(default_factory=list, description="accepted keys (prefer api_keys_env)")
     api_keys_env: str | None = Field(None, description="environment variable holding comma-separated keys")
-    open_paths: list[str] = Field(["/health"], description="paths served without a key (load-balancer probes)")
+    open_paths: list[str] = Field(["/health"], description="paths served without a key (load-balancer probes); "
+                                  "/health answers them with its status alone")
+    operator_keys_env: str | None = Field(
+        None, description="environment variable holding comma-separated operator keys: only these read /health's "
+                          "figures (traffic, caches, step costs); unset, any API key does")
 
     def resolve_keys(self, environ: Mapping[str, str]) -> list[str]:
-        """The keys in force; a named but empty variable is an error, not auth silently off."""
-        keys = [k.get_secret_value() for k in self.api_keys]
-        if self.api_keys_env:
-            raw = environ.get(self.api_keys_env, "")
-            env_keys = [k.strip() for k in raw.split(",") if k.strip()]
-            if not env_keys:
-                raise ValueError(f"auth.api_keys_env names {self.api_keys_env!r} but that variable is unset or empty")
-            keys += env_keys
-        if any(len(k) < 16 for k in keys):
-            raise ValueError("API keys must be at least 16 characters long")
-        return keys
+        """The API keys in force; a named but empty variable is an error, not auth silently off."""
+        return _keys([k.get_secret_value() for k in self.api_keys], self.api_keys_env, "api_keys_env", environ)
+
+    def resolve_operator_keys(self, environ: Mapping[str, str]) -> list[str]:
+        return _keys([], self.operator_keys_env, "operator_keys_env", environ)
+
+
+def _keys(keys: list[str], var: str | None, field: str, environ: Mapping[str, str]) -> list[str]:
+    if var:
+        env_keys = [k.strip() for k in environ.get(var, "").split(",") if k.strip()]
+        if not env_keys:
+            raise ValueError(f"auth.{field} names {var!r} but that variable is unset or empty")
+        keys = keys + env_keys
+    if any(len(k) < 16 for k in keys):
+        raise ValueError("API keys must be at least 16 characters long")
+    return keys
 
 
 class AppArgs(BaseModel):

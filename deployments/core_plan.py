@@ -16,10 +16,10 @@ on the same machine) stalls the whole step. The rules, measured in CHANGELOG.md 
   its priority (root or CAP_SYS_NICE).
 * The HTTP stack on the replica's node moves to `http_nice` (5 by default): the replica's own
   process (its event loop and streams, with the engine in a process of its own) and Serve's proxy,
-  or with Serve's HAProxy ingress HAProxy and the actor that starts it (`apply_http`, in the
-  replica's process). Left at Ray's 15, a step on every core starved them (first tokens came far
-  later than in-process at 16 users); at the engine's 0 they
-  preempt its steps more (CHANGELOG.md, "The HTTP stack above Ray's priority").
+  or with Serve's HAProxy ingress HAProxy and the actor that starts it, of this Ray node and user
+  alone (`apply_http`, in the replica's process; `serve_proxies`). Left at Ray's 15, a step on
+  every core starved them (first tokens came far later than in-process at 16 users); at the
+  engine's 0 they preempt its steps more (CHANGELOG.md, "The HTTP stack above Ray's priority").
 * `pin_cores` (off by default) binds the engine's stepping thread to its threads' cores and the
   HTTP stack on its node to the rest, as vLLM's CPU server binds its model thread; every step then
   runs on `torch_threads`. On two cores it served as fast as the unbound plan with one thread
@@ -138,10 +138,13 @@ class CorePlan:
         return status
 
 
-def serve_proxies() -> list[tuple[str, int]]:
-    """(name, pid) of Serve's HTTP proxies on this node (Ray names an actor's process after its
+def serve_proxies(node: int | None = None) -> list[tuple[str, int]]:
+    """(name, pid) of Serve's HTTP proxies of this Ray node (Ray names an actor's process after its
     class): its proxy actor, or with its HAProxy ingress the HAProxy processes and the actor that
-    starts them (a reloaded HAProxy is its child, and inherits its priority and cores)."""
+    starts them (a reloaded HAProxy is its child, and inherits its priority and cores). Only this
+    user's, below `node` (default: this process's parent, the raylet that starts every worker):
+    another Ray's proxies on this host, or a system HAProxy, are not the replica's to move."""
+    node, uid = os.getppid() if node is None else node, os.getuid()
     found = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if entry.isdigit():
@@ -149,10 +152,24 @@ def serve_proxies() -> list[tuple[str, int]]:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
                     argv0 = f.read(512).split(b"\0", 1)[0]
                 if argv0.startswith(PROXY_TITLE):
-                    found.append((f"proxy {entry}", int(entry)))
+                    name = "proxy"
                 elif argv0.startswith(HAPROXY_TITLE) or os.path.basename(argv0) == HAPROXY_NAME:
-                    found.append((f"haproxy {entry}", int(entry)))
+                    name = "haproxy"
+                else:
+                    continue
+                if os.stat(f"/proc/{entry}").st_uid == uid and _below(int(entry), node):
+                    found.append((f"{name} {entry}", int(entry)))
     return found
+
+
+def _below(pid: int, node: int, depth: int = 3) -> bool:
+    """Whether `node` is among the first `depth` ancestors of `pid` (HAProxy: raylet -> its manager -> it)."""
+    for _ in range(depth):
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        if pid == node:
+            return True
+    return False
 
 
 def bind(cores: tuple[int, ...], pid: int) -> list[int]:

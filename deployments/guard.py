@@ -1,7 +1,9 @@
 """ASGI guard in front of every route: bearer-token auth, then a cap on the request body.
 
 Both run before FastAPI parses anything, so an unauthenticated or oversized request costs
-no parsing, no tokenization and no engine slot.
+no parsing, no tokenization and no engine slot. The guard also says who may read the replica's
+figures (`OPERATOR` in the request's scope): an operator key's holder, or any key's where no
+operator key is set, or anyone where no key is set at all.
 """
 from __future__ import annotations
 
@@ -12,12 +14,26 @@ from dataclasses import dataclass, field
 
 from lookahead_core.serving.limits import MAX_BODY_BYTES
 
+# The request scope's key: True where the caller may read the replica's figures on /health.
+OPERATOR = "lookahead.operator"
+
 
 @dataclass(frozen=True)
 class GuardConfig:
     api_keys: tuple[bytes, ...] = ()
     open_paths: frozenset[str] = field(default_factory=lambda: frozenset({"/health"}))
     max_body_bytes: int = MAX_BODY_BYTES
+    operator_keys: tuple[bytes, ...] = ()  # keys that may also read /health's figures; they pass as API keys too
+
+    def operator(self, presented: bytes | None) -> bool:
+        """Whether a caller presenting `presented` (None: no bearer token) may read the figures."""
+        if not self.api_keys and not self.operator_keys:
+            return True
+        if presented is None:
+            return False
+        if self.operator_keys:
+            return key_matches(presented, self.operator_keys)
+        return key_matches(presented, self.api_keys)
 
 
 def key_matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:
@@ -46,13 +62,16 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        if config.api_keys and _route_path(scope) not in config.open_paths:
-            auth = headers.get(b"authorization", b"")
-            scheme, _, token = auth.partition(b" ")
-            if scheme.lower() != b"bearer" or not key_matches(token.strip(), config.api_keys):
+        auth = headers.get(b"authorization", b"")
+        scheme, _, token = auth.partition(b" ")
+        presented = token.strip() if scheme.lower() == b"bearer" else None
+        keys = config.api_keys + config.operator_keys
+        if keys and _route_path(scope) not in config.open_paths:
+            if presented is None or not key_matches(presented, keys):
                 message = "missing API key: send `Authorization: Bearer <key>`" if not auth else "invalid API key"
                 await _reply(send, 401, message, [(b"www-authenticate", b"Bearer")])
                 return
+        scope[OPERATOR] = config.operator(presented)
         limit = config.max_body_bytes
         length = headers.get(b"content-length")
         if length is not None:

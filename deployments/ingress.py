@@ -43,8 +43,8 @@ class LookaheadAPI:
         self.engine_config = engine
         self.limits = limits
 
-    async def _info(self) -> dict:
-        return await self.model.info.remote()
+    async def _info(self, detail: bool = True) -> dict:
+        return await self.model.info.remote(detail)
 
     async def _open(self, req: ServeRequest) -> AsyncIterator[Delta | Completion | RequestError]:
         """Start a generation on a model replica and return its items; raises the RequestError of a

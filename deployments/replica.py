@@ -91,24 +91,32 @@ class ModelReplica:
         running, waiting = self.async_engine.queue_depth()
         return {RUNNING: running, WAITING: waiting}
 
-    async def info(self) -> dict:
-        running, waiting = self.async_engine.queue_depth()
+    async def info(self, detail: bool = True) -> dict:
+        """/health: the status ("ok", "degraded" while a graph is missing and its steps run eagerly,
+        "failing"), with the replica's figures where `detail` (an operator's call). The engine's
+        part is its last status read (`AsyncEngine.status`), so probes cannot add to its steps."""
         error = self.async_engine.health_error()
         engine: dict = {}
         if self.async_engine.alive:
-            with contextlib.suppress(RuntimeError):  # it stopped meanwhile: the status says why
+            with contextlib.suppress(RuntimeError, TimeoutError):  # stopped meanwhile (the error says why), or no read yet
                 engine = await self.async_engine.status()
+        failed = engine.get("compiled_decode", {}).get("failed", 0)
+        status = "failing" if error is not None else "degraded" if failed else "ok"
+        if not detail:
+            return {"status": status}
+        running, waiting = self.async_engine.queue_depth()
         dtype = self.facts["dtype"]
         process = engine.get("engine", {})
         own = process.get("pid") != os.getpid()
         rss = rss_mb()
         return {
-            "status": "ok" if error is None else "failing",
+            "status": status,
             **({"error": error} if error is not None else {}),
+            **({"degraded": f"{failed} compiled graph(s) failed; their steps run eagerly"} if failed else {}),
             "model": self.args.model.served_name,
             "dtype": dtype,
-            # what a request's seed holds fixed: float32 logits do not depend on the step's shape
-            "seeded_text": "fixed by the seed" if dtype == "float32" else
+            # float32 logits agree across step shapes to rounding, so a seed fixes the text but where a near-tie flips
+            "seeded_text": "fixed by the seed, up to rounding-level ties" if dtype == "float32" else
                            "fixed by the seed for the same step shapes only (lookahead widths, batch, compiled or eager)",
             "vocab_size": self.facts["vocab_size"],
             "device": self.args.model.device,

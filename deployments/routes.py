@@ -21,7 +21,7 @@ from lookahead_core.serving import Completion, Delta, RequestError, ServeRequest
 from lookahead_core.serving.limits import MAX_BODY_BYTES
 
 from .bounded_bodies import Bodies
-from .guard import GuardConfig, RequestGuard
+from .guard import OPERATOR, GuardConfig, RequestGuard
 from .request_bodies import ChatRequest, CompletionRequest, GenerateRequest
 from .response_bodies import error_body, generate_body, openai_body
 from .streaming import closing, generate_events, openai_events
@@ -37,6 +37,7 @@ def guard_config(guard: Mapping | None) -> GuardConfig:
     """The guard's settings as the app builder passes them (plain values, so Serve can ship them)."""
     guard = guard or {}
     return GuardConfig(api_keys=tuple(k.encode() for k in guard.get("api_keys", ())),
+                       operator_keys=tuple(k.encode() for k in guard.get("operator_keys", ())),
                        open_paths=frozenset(guard.get("open_paths", ("/health",))),
                        max_body_bytes=guard.get("max_body_bytes", MAX_BODY_BYTES))
 
@@ -90,16 +91,17 @@ async def _completions(items, n: int = 1) -> list[Completion]:
 class Routes:
     """The routes of one server: `open` starts a generation, `info` is the model replica's state."""
 
-    def __init__(self, open: Opener, info: Callable[[], Awaitable[dict]], model_name: str) -> None:
+    def __init__(self, open: Opener, info: Callable[[bool], Awaitable[dict]], model_name: str) -> None:
         self.open = open
         self.info = info
         self.model_name = model_name
         self.created = int(time.time())
 
-    async def health(self):
-        """The replica's state; 503 while its engine cannot step, so a load balancer stops sending."""
-        info = await self.info()
-        return info if info["status"] == "ok" else JSONResponse(info, status_code=503)
+    async def health(self, request: Request):
+        """The replica's status for anyone (a load balancer's probe), its figures for an operator
+        (the guard's `OPERATOR`); 503 while its engine cannot step, so a load balancer stops sending."""
+        info = await self.info(bool(request.scope.get(OPERATOR, False)))
+        return info if info["status"] != "failing" else JSONResponse(info, status_code=503)
 
     def _model_card(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "lookahead-serve"}

@@ -24,7 +24,7 @@ import requests
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.ray_env import ray_env
+from deployments.ray_env import held_ports, prepare, serve_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,14 +51,19 @@ class Campaign(BaseModel):
 
 
 def start_server(serve_config: str, timeout: float) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, **ray_env()}
+    """`serve run serve_config` in a session of its own, with configs/ray.env and this user's
+    private folder (deployments/ray_env.py), once /health answers; refused, naming what holds them,
+    where its ports are taken (a HAProxy left by an earlier run answered /health with 500s)."""
+    env = {**os.environ, **prepare()}
+    os.environ.setdefault("RAY_TMPDIR", env["RAY_TMPDIR"])  # where ray.init(address="auto") here finds it
+    bind, ports = serve_ports(ROOT / serve_config, env)
+    if held := held_ports(ports, bind):
+        raise RuntimeError(f"cannot start serve run {serve_config}: " + "; ".join(held))
     serve = Path(sys.executable).with_name("serve")
     log = open(Path(tempfile.gettempdir()) / "lookahead-campaign-serve.log", "w")
-    proc = subprocess.Popen(
-        [str(serve), "run", serve_config], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    port = yaml.safe_load((ROOT / serve_config).read_text()).get("http_options", {}).get("port", 8000)
-    host = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([str(serve), "run", serve_config], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, umask=0o077)
+    host = f"http://127.0.0.1:{ports['HTTP']}"
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -76,8 +81,9 @@ def start_server(serve_config: str, timeout: float) -> tuple[subprocess.Popen, s
 def stop_server(proc: subprocess.Popen) -> None:
     """Stop a server started in a session of its own: SIGTERM to the server itself (`serve run` then
     shuts Serve down in order, HAProxy with it; SIGTERM or Ctrl-C to its whole group at once took
-    30 s and could leave HAProxy holding the port), then its group, harder; then whatever of its
-    group outlived it (vLLM's engine core)."""
+    30 s, and left HAProxy holding the ports until HAProxy was made to end with its manager,
+    deployments/ray_env.py), then its group, harder; then whatever of its group outlived it (vLLM's
+    engine core)."""
     for kill, sig, wait in ((os.kill, signal.SIGTERM, 60), (os.killpg, signal.SIGTERM, 15), (os.killpg, signal.SIGKILL, 5)):
         if proc.poll() is not None:
             break

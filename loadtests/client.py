@@ -41,7 +41,11 @@ REQUEST_KINDS: dict[str, dict[str, Any]] = {
     "off": {"lookahead": "off"},
     "fixed": {"lookahead": {"n": 5, "w": 8, "g": 8, "adapt": False}},  # the widest a client may fix
     "top_p": {"lookahead": "auto", "temperature": 0.8, "top_p": 0.95},
+    # a flat distribution: top_p keeps most of the vocabulary
+    "hot": {"lookahead": "auto", "temperature": 2.0, "top_p": 0.99},
     "stop": {"lookahead": "auto", "stop": ["\n\n", "\n#"]},
+    # n choices of one prompt: on /v1/completions (/generate takes one), sampled, streamed with usage
+    "choices": {"n": 4, "temperature": 0.8},
 }
 
 
@@ -56,6 +60,15 @@ def parse_mix(spec: str) -> dict[str, float]:
     if not any(w > 0 for w in mix.values()):
         raise ValueError(f"the mix {spec!r} has no positive weight")
     return mix
+
+
+def route_for(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Where a /generate body goes: /generate, or with `n` choices /v1/completions (/generate takes one)."""
+    if "n" not in body:
+        return "/generate", body
+    return "/v1/completions", {"prompt": body["prompt"], "max_tokens": body["max_new_tokens"], "n": body["n"],
+                               "temperature": body["temperature"], "stream": True,
+                               "stream_options": {"include_usage": True}}
 
 
 def generate_body(prompt: str, *, chat: bool, max_new_tokens: int, lookahead: str | dict = "auto",

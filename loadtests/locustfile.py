@@ -23,8 +23,10 @@ from loadtests.client import (
     lookahead_field,
     parse_mix,
     percentiles,
+    read_openai_stream,
     read_prompts,
     read_stream,
+    route_for,
 )
 from loadtests.slo import ENTRIES, PERCENTILES, SloConfig, table, verdict
 
@@ -84,12 +86,14 @@ class GenerateUser(HttpUser):
         if self.mix is not None:
             kind = self.rng.choices(list(self.mix), weights=list(self.mix.values()))[0]
             body.update(REQUEST_KINDS[kind])
+        path, body = route_for(body)
+        read = read_stream if path == "/generate" else read_openai_stream
         out = Outcome(start=time.perf_counter())
-        with self.client.post("/generate", json=body, stream=True, catch_response=True, name="generate") as resp:
+        with self.client.post(path, json=body, stream=True, catch_response=True, name="generate") as resp:
             if resp.status_code != 200:
                 resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
                 return
-            read_stream(out, resp.iter_lines(), clock=time.perf_counter)
+            read(out, resp.iter_lines(), clock=time.perf_counter)
             if out.error is not None or out.first is None:  # e.g. the replica died mid-stream
                 resp.failure(f"stream: {out.error}" if out.error else "the stream ended without tokens")
                 return
@@ -104,7 +108,7 @@ class GenerateUser(HttpUser):
                 RUN["by_kind"].setdefault(kind, {}).setdefault(name, []).append(value)
         _record(env, "output_tokens_per_s", out.tokens / out.latency)
         RUN["met_slo"] += all(measured.get(k, 0.0) <= v for k, v in LIMITS.items())
-        la = out.summary["lookahead"]
+        la = out.summary.get("lookahead") or {"steps": 0, "compression": None}  # an OpenAI stream has none
         for kind, steps in la.get("steps_by_kind", {}).items():  # what the engine's planner ran
             RUN["mix"][kind] = RUN["mix"].get(kind, 0) + steps
         if la["compression"]:

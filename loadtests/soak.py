@@ -2,13 +2,16 @@
 
     python -m loadtests.soak --minutes 20 --users 4 --out results/loadtests/soak
     python -m loadtests.soak --minutes 3 --users 4 --kill-at 60 --out results/loadtests/kill
-    python -m loadtests.soak --minutes 10 --users 16 --mix off=4,fixed=1,top_p=1,stop=1 --out results/loadtests/mix
+    python -m loadtests.soak --minutes 10 --users 16 --mix off=4,fixed=1,hot=1,stop=1,choices=1 \
+        --probe-s 0.1 --baseline-minutes 3 --out results/loadtests/mix
 
 Without --host it starts `serve run serve_config.yaml` and stops it at the end. Every
 --sample-s seconds it reads /health (replica pid, RSS, queue depth). With --kill-at it kills the
 model replica at that second through Ray and measures the time until a request succeeds again.
 Exit status 1 when: any request failed (soak), RSS grew by 10% or more after the warm-up, or a
-replica restarted that nobody killed.
+replica restarted that nobody killed. With --probe-s a thread GETs /health that often (a load
+balancer's probe) and any answer but 200 fails the soak; with --baseline-minutes the same users
+first send "off" requests alone, and the mix's "off" TPOT p95 must stay within 1.2x of theirs.
 """
 from __future__ import annotations
 
@@ -28,6 +31,43 @@ import requests
 from .campaign import ROOT, start_server, stop_server
 
 RSS_GROWTH_LIMIT = 0.10
+OFF_TPOT_LIMIT = 1.2  # the mix's "off" TPOT p95 over the baseline's
+
+
+class Prober(threading.Thread):
+    """GET /health every `every_s` seconds until stopped: answers by status, slowest answer."""
+
+    def __init__(self, host: str, every_s: float) -> None:
+        super().__init__(daemon=True)
+        self.host, self.every_s = host, every_s
+        self.statuses: dict[str, int] = {}
+        self.slowest_ms = 0.0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(self.every_s):
+            t0 = time.perf_counter()
+            try:
+                status = str(requests.get(self.host + "/health", timeout=10).status_code)
+            except requests.RequestException as exc:
+                status = type(exc).__name__
+            self.slowest_ms = max(self.slowest_ms, 1000 * (time.perf_counter() - t0))
+            self.statuses[status] = self.statuses.get(status, 0) + 1
+
+
+def run_locust(host: str, args, minutes: float, mix: str) -> subprocess.Popen:
+    """Locust's headless run against `host`, its summary written to `args.summary`."""
+    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"), "--headless",
+           "-u", str(args.users), "-r", str(args.users), "-t", f"{int(minutes * 60)}s", "--host", host,
+           "--slo-file", str(ROOT / args.slo), "--lookahead", args.lookahead, "--max-new-tokens", str(args.max_new_tokens),
+           "--summary-json", str(args.summary), "--only-summary", "--stop-timeout", "30", "--loglevel", "WARNING",
+           *(["--mix", mix] if mix else [])]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOKAHEAD_SHAPE")}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def off_tpot_p95(summary: dict) -> float | None:
+    return ((summary.get("by_kind") or {}).get("off", {}).get("tpot") or {}).get("p95")
 
 
 def sample(host: str) -> dict | None:
@@ -81,7 +121,8 @@ def rss_growth(samples: list[dict], warmup_s: float) -> dict[int, dict]:
     return out
 
 
-def write_report(out: Path, args, samples: list[dict], summary: dict, growth: dict, kill: dict | None) -> None:
+def write_report(out: Path, args, samples: list[dict], summary: dict, growth: dict, kill: dict | None,
+                 extra: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "samples.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(samples[0]))
@@ -90,7 +131,8 @@ def write_report(out: Path, args, samples: list[dict], summary: dict, growth: di
     lines = [f"# Soak: {args.users} users for {args.minutes:g} min" + (f", replica killed at {args.kill_at:g} s" if kill else ""), "",
              f"Command: `python -m loadtests.soak {' '.join(sys.argv[1:])}`", "",
              f"- requests: {summary.get('requests', 0)}, failures: {summary.get('failures', 0)}",
-             f"- locust SLO verdict: {'met' if not summary.get('breaches') else '; '.join(summary['breaches'])}"]
+             f"- locust SLO verdict: {'met' if not summary.get('breaches') else '; '.join(summary['breaches'])}",
+             *extra]
     figs = summary.get("figures", {})
     for entry in ("ttft", "tpot", "e2e"):
         if entry in figs:
@@ -128,7 +170,8 @@ def write_report(out: Path, args, samples: list[dict], summary: dict, growth: di
     plt.close(fig)
     lines += ["", "![replica RSS](rss.png)", ""]
     (out / "README.md").write_text("\n".join(lines))
-    (out / "summary.json").write_text(json.dumps({"locust": summary, "rss": growth, "kill": kill}, indent=1, default=str))
+    (out / "summary.json").write_text(json.dumps({"locust": summary, "rss": growth, "kill": kill, "notes": extra},
+                                                 indent=1, default=str))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-s", type=float, default=10)
     ap.add_argument("--warmup-s", type=float, default=60)
     ap.add_argument("--kill-at", type=float, default=None, help="kill the model replica this many seconds in")
+    ap.add_argument("--probe-s", type=float, default=None, help="GET /health this often, as a load balancer probes")
+    ap.add_argument("--baseline-minutes", type=float, default=0,
+                    help='first the same users with "off" requests alone: the TPOT the mix\'s "off" requests are held to')
     ap.add_argument("--out", default="results/loadtests/soak")
     args = ap.parse_args(argv)
 
@@ -154,16 +200,21 @@ def main(argv: list[str] | None = None) -> int:
         proc, host = start_server(args.serve_config, 180)
     samples: list[dict] = []
     kill: dict | None = None
+    baseline: dict | None = None
+    prober = None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            summary_path = Path(tmp) / "summary.json"
-            cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"), "--headless",
-                   "-u", str(args.users), "-r", str(args.users), "-t", f"{int(args.minutes * 60)}s", "--host", host,
-                   "--slo-file", str(ROOT / args.slo), "--lookahead", args.lookahead, "--max-new-tokens", str(args.max_new_tokens),
-                   "--summary-json", str(summary_path), "--only-summary", "--stop-timeout", "30", "--loglevel", "WARNING",
-                   *(["--mix", args.mix] if args.mix else [])]
-            env = {k: v for k, v in os.environ.items() if not k.startswith("LOOKAHEAD_SHAPE")}
-            locust = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            args.summary = summary_path = Path(tmp) / "summary.json"
+            if args.baseline_minutes:
+                print(f'baseline: {args.users} users, "off" alone, {args.baseline_minutes:g} min', file=sys.stderr)
+                base = run_locust(host, args, args.baseline_minutes, "off=1")
+                base.communicate()
+                baseline = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+                summary_path.unlink(missing_ok=True)
+            if args.probe_s:
+                prober = Prober(host, args.probe_s)
+                prober.start()
+            locust = run_locust(host, args, args.minutes, args.mix)
             t0 = time.time()
             killer = None
             while locust.poll() is None:
@@ -188,12 +239,30 @@ def main(argv: list[str] | None = None) -> int:
                 killer.join(timeout=300)
             summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"breaches": ["locust wrote no summary"]}
     finally:
+        if prober is not None:
+            prober.halt.set()
         if proc is not None:
             stop_server(proc)
     growth = rss_growth(samples, args.warmup_s)
+    problems, extra = [], []
+    if prober is not None:
+        extra.append(f"- /health every {args.probe_s:g} s: answers by status {prober.statuses}, slowest "
+                     f"{prober.slowest_ms:.0f} ms")
+        if set(prober.statuses) != {"200"}:
+            problems.append(f"/health answered {prober.statuses}")
+    if baseline is not None:
+        base_p95, mix_p95 = off_tpot_p95(baseline), off_tpot_p95(summary)
+        if base_p95 and mix_p95:
+            ratio = mix_p95 / base_p95
+            extra.append(f'- "off" TPOT p95: {mix_p95:.1f} ms in the mix, {base_p95:.1f} ms alone '
+                         f"({args.baseline_minutes:g} min, {baseline.get('requests', 0)} requests): **{ratio:.2f}x** "
+                         f"(limit {OFF_TPOT_LIMIT}x)")
+            if ratio > OFF_TPOT_LIMIT:
+                problems.append(f'"off" TPOT p95 {ratio:.2f}x the baseline\'s')
+        else:
+            problems.append('no "off" TPOT in the baseline or the mix')
     out = Path(args.out)
-    write_report(out, args, samples, summary, growth, kill)
-    problems = []
+    write_report(out, args, samples, summary, growth, kill, extra)
     if kill is None and summary.get("failures", 1):
         problems.append(f"{summary.get('failures')} failed requests")
     grown = {pid: d["growth"] for pid, d in growth.items() if d["warm"] is not None and d["growth"] >= RSS_GROWTH_LIMIT}

@@ -8,12 +8,13 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from deployments.ray_env import haproxy_ports, ray_env
+from deployments.ray_env import haproxy_ports, prepare
 from lookahead_core.models.random_models import build_random_model
 from tests.fixtures import wait_until
 
 # Ray reads its environment where it starts, and Serve its flags where it is imported: before either.
-for key, value in ray_env().items():
+# With it, this user's private folder for Ray's sessions and HAProxy's files (deployments/ray_env.py).
+for key, value in prepare().items():
     os.environ.setdefault(key, value)
 
 DRAIN = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
@@ -58,9 +59,13 @@ def server(tiny_model_dir):
     # 30 s); here every app a test deletes would wait it out. Set for this Ray only: the cluster
     # tests' Ray, started later, drains as shipped.
     os.environ[DRAIN] = "1"
+    umask = os.umask(0o077)  # Ray's processes inherit it: their files are this user's alone
     try:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # at 127.0.0.1 Ray's metrics and agents listen on loopback alone (on every interface at the host's address)
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 _node_ip_address="127.0.0.1")
     finally:
+        os.umask(umask)
         del os.environ[DRAIN]
     # Ray's own processes take ephemeral ports too: pick one after ray.init and retry on a clash.
     for attempt in range(5):

@@ -20,3 +20,12 @@ def wait_until(check: Callable[[], object], timeout_s: float, interval: float = 
             pass
         time.sleep(interval)
     return False
+
+
+def fresh_health(url: str, **kwargs) -> dict:
+    """/health once its figures are newer than the last read (the engine's status is read at most
+    every STATUS_MAX_AGE_S, whoever asks)."""
+    from lookahead_core.engine.host.async_engine import STATUS_MAX_AGE_S
+
+    time.sleep(STATUS_MAX_AGE_S + 0.1)
+    return requests.get(url + "/health", timeout=30, **kwargs).json()

@@ -13,7 +13,6 @@ OUT=${OUT:-/tmp/lm-eval-compare}
 PORT=${PORT:-8000}
 TASKS=ls_capitals,ls_arithmetic
 mkdir -p "$OUT"
-set -a; . ./configs/ray.env; set +a
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
 # The safetensors folder the server loads the GGUF into: lm-eval's hf backend and its tokenizer read it.
@@ -22,6 +21,10 @@ from lookahead_core.models.loading import DEFAULT_MODEL, DEFAULT_CACHE_DIR, dequ
 print(dequantized_gguf(*resolve_model_path(DEFAULT_MODEL), DEFAULT_CACHE_DIR))")
 
 sed -e 's/dtype: auto/dtype: float32/' -e "s/port: 8000/port: $PORT/" serve_config.yaml > "$OUT/serve_fp32.yaml"
+# Ray's and HAProxy's files in this user's private folder, as `make serve` starts them (deployments/ray_env.py)
+umask 077
+env=$($PY deployments/ray_env.py env "$OUT/serve_fp32.yaml")
+eval "$env"
 if curl -sf "localhost:$PORT/health" > /dev/null; then echo "a server already answers on port $PORT: stop it first" >&2; exit 1; fi
 .venv/bin/serve run "$OUT/serve_fp32.yaml" > "$OUT/serve.log" 2>&1 &
 SERVE=$!

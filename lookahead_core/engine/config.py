@@ -51,6 +51,9 @@ class EngineConfig(BaseModel):
                                f"chunk mask is allocated at start): at most {MAX_PREFILL_CHUNK}, or max_seq_len; longer "
                                f"than max_seq_len is never used")
     max_waiting: int = Field(1024, ge=0, description="requests queued beyond the running ones")
+    request_slots: int | None = Field(
+        None, ge=1, description="most KV slots the choices of one request (n > 1) hold at once; its other choices wait "
+                                "behind other requests. None: half the slots")
     max_n: int = Field(8, ge=2)
     max_w: int = Field(16, ge=1)
     max_g: int = Field(16, ge=0)

@@ -57,7 +57,8 @@ class Engine:
         self.max_batch = slots = sizing.kv.slots
         r.allocate(slots, sizing.capacity, cfg.max_step_tokens, sizing.chunk, cfg.prefix_cache_tokens)
         self._kv = r.cache  # the runner's KV is this engine's while it runs
-        self.scheduler = Scheduler(slots, sizing.chunk)
+        self.scheduler = Scheduler(slots, sizing.chunk, cfg.request_slots or max(1, slots // 2),
+                                   share_prefill=not cfg.successor_prefill)
         self.planner = StepPlanner(slots, cfg.slo_tpot_ms, cfg.row_price, self.knowledge.yield_bias)
         self._max_position = (ctx or np.iinfo(np.int64).max) - 1
         self._seqs: dict[str | int, Sequence] = {}

@@ -34,7 +34,9 @@ class EngineRequest:
 
     lookahead: fixed (N, W, G), "off" (plain decoding) or "auto" (the engine's own setting, paced).
     sampling: None or temperature 0 is greedy. logprobs / prompt_logprobs: report each new / prompt
-    token's log-probability with that many most likely alternatives (None: not at all).
+    token's log-probability with that many most likely alternatives (None: not at all). group: the
+    served request this is one choice of (its `n` choices share one prompt): choices of one group
+    share its prefill and hold at most the engine's `request_slots` slots at once.
     """
 
     request_id: str | int
@@ -44,6 +46,7 @@ class EngineRequest:
     sampling: SamplingParams | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    group: str | int | None = None
 
     def __post_init__(self) -> None:
         prompt = self.prompt

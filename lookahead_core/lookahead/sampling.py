@@ -4,9 +4,10 @@ Every output position p of a request has its own uniform u(seed, p). The token a
 inverse CDF of the model's warped distribution at u, exactly as plain sampling would draw it. A
 step computes that token for every candidate row at once, so verifying a candidate is the greedy
 walk over these sampled tokens: a candidate token is accepted iff it is the token the uniform picks.
-The output is plain sampling's, token for token, and in float32 depends on the seed alone: not on
-which candidates were tried, how wide the step was, or what else was batched (in bf16 the logits
-themselves round differently by step shape, docs/ARCHITECTURE.md "Sampling").
+The output is plain sampling's, token for token, and fixed by the seed up to rounding-level ties:
+not by which candidates were tried, how wide the step was, or what else was batched. float32 logits
+agree across step shapes only to rounding, so a near-tie can flip; bf16 logits round visibly
+differently by step shape (docs/ARCHITECTURE.md "Sampling").
 """
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ def position_uniform(seed: int, position: int) -> float:
     return (_mix64((key + position * 0x9E3779B97F4A7C15) & _MASK) >> 11) * 2.0**-53
 
 
-# top-p looks at this many likeliest tokens first; the whole vocabulary is sorted only for rows
-# whose nucleus is wider (a flat distribution at a high temperature)
+# top-p looks at this many likeliest tokens first; a row whose nucleus is wider (a flat
+# distribution at a high temperature) is narrowed by bisection instead, never sorted whole
 TOP_P_PREFIX = 1024
 
 
@@ -91,17 +92,51 @@ def warp_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def _top_p(p: torch.Tensor, top_p: float) -> torch.Tensor:
     """HF's TopPLogitsWarper on probabilities: in ascending order, tokens whose cumulative mass is at
     most 1 - top_p go (the likeliest always stays), i.e. a token stays while the mass strictly
-    likelier than it is below top_p. Only the likeliest `TOP_P_PREFIX` are sorted when they hold
-    the nucleus, as they nearly always do."""
+    likelier than it is below top_p. The likeliest `TOP_P_PREFIX` nearly always hold the nucleus;
+    a row they do not is narrowed by `_bracket` first."""
     k = min(TOP_P_PREFIX, p.shape[-1])
     top, order = torch.topk(p, k, dim=-1)  # descending
-    if k < p.shape[-1] and bool((top.sum(-1) < top_p).any()):
-        top, order = torch.sort(p, dim=-1, descending=True)
-    likelier = top.cumsum(-1) - top  # mass strictly before each token in descending order
-    keep = likelier < top_p
+    keep = top.cumsum(-1) - top < top_p
     keep[:, 0] = True
     out = torch.zeros_like(p).scatter_(-1, order, top.masked_fill(~keep, 0.0))
+    if k < p.shape[-1]:
+        for r in torch.nonzero(top.sum(-1) < top_p).flatten().tolist():
+            out[r] = _top_p_wide(p[r], top_p, top[r, -1])
     return out / out.sum(-1, keepdim=True)
+
+
+def _top_p_wide(p: torch.Tensor, top_p: float, kth: torch.Tensor) -> torch.Tensor:
+    """`_top_p` of one row [V] whose nucleus is wider than its likeliest `TOP_P_PREFIX`: tokens at or
+    above `hi` stay, tokens below `lo` go, and only the few between are ranked."""
+    lo, hi = _bracket(p, top_p, kth)
+    above = p >= hi
+    idx = torch.nonzero((p >= lo) & ~above).flatten()
+    between = p[idx]
+    # more than TOP_P_PREFIX between is one tied value (`_bracket`), ranked in index order unsorted
+    if between.numel() <= TOP_P_PREFIX:
+        between, order = torch.sort(between, descending=True, stable=True)
+        idx = idx[order]
+    likelier = (p * above).sum() + between.cumsum(-1) - between
+    keep = above.index_fill(0, idx[likelier < top_p], True)
+    return p * keep
+
+
+def _bracket(p: torch.Tensor, top_p: float, kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values lo < hi of a row [V] with the mass at or above lo at least top_p (so tokens below lo go)
+    and the mass at or above hi below it (so tokens at or above hi stay), bisected on float64 bit
+    patterns (ordered as the values are) until at most `TOP_P_PREFIX` tokens, or one value, lie in
+    [lo, hi). A round is a compare, a count and a masked sum over the row: no sort."""
+    lo = p.amin().view(torch.int64)
+    hi = kth.view(torch.int64) + 1  # just above it the mass is below top_p: it is the k-th likeliest
+    n_lo, n_hi = p.numel(), int((p >= hi.view(torch.float64)).sum())
+    while n_lo - n_hi > TOP_P_PREFIX and int(hi - lo) > 1:
+        mid = (lo + hi) // 2
+        ge = p >= mid.view(torch.float64)
+        if float((p * ge).sum()) >= top_p:
+            lo, n_lo = mid, int(ge.sum())
+        else:
+            hi, n_hi = mid, int(ge.sum())
+    return lo.view(torch.float64), hi.view(torch.float64)
 
 
 def sample_rows(logits: torch.Tensor, params: SamplingParams, uniforms: Sequence[float]) -> list[int]:

@@ -17,6 +17,8 @@ class RequestLimits(BaseModel):
     max_stop_chars: int = Field(256, ge=1)
     max_body_bytes: int = Field(MAX_BODY_BYTES, ge=1024, description="larger request bodies get 413 before they are parsed")
     max_prompt_tokens: int | None = Field(None, ge=1, description="default: the engine's max_seq_len - 1")
+    max_request_tokens: int = Field(
+        16384, ge=1, description="most tokens one request may put through the engine: n x (prompt + max_tokens)")
     request_timeout_s: float | None = Field(
         600, gt=0, description="ceiling on a request's life; a request's own `timeout_s` can only shorten it"
     )

@@ -89,17 +89,29 @@ class RequestProcessor:
         piece = tok.convert_ids_to_tokens(token_id)
         return "" if piece is None else tok.convert_tokens_to_string([piece])
 
-    def engine_request(self, req: ServeRequest, prompt: list[int], token_limit: int, max_seq_len: int) -> EngineRequest:
-        """The one request the engine takes, built once from the served request. A request naming
-        no budget gets `DEFAULT_MAX_NEW_TOKENS`, or less where the engine's `token_limit` or the
-        room `max_seq_len` leaves after the prompt is lower (an explicit budget above either is refused)."""
-        if req.max_new_tokens is None:
-            budget = max(1, min(DEFAULT_MAX_NEW_TOKENS, token_limit, max_seq_len - len(prompt)))
-        else:
-            budget = req.max_new_tokens
-        stop = StopCondition.build(budget, () if req.ignore_eos else self.eos)
+    @staticmethod
+    def budget(req: ServeRequest, prompt: list[int], token_limit: int, max_seq_len: int) -> int:
+        """New tokens a choice may decode: the request's own, or `DEFAULT_MAX_NEW_TOKENS`, or less where
+        the engine's `token_limit` or the room `max_seq_len` leaves after the prompt is lower (an
+        explicit budget above either is refused by the engine)."""
+        if req.max_new_tokens is not None:
+            return req.max_new_tokens
+        return max(1, min(DEFAULT_MAX_NEW_TOKENS, token_limit, max_seq_len - len(prompt)))
+
+    def check_work(self, req: ServeRequest, prompt: list[int], budget: int) -> None:
+        """A request's tokens through the engine, n x (prompt + budget), within `max_request_tokens`."""
+        work, limit = req.n * (len(prompt) + budget), self.limits.max_request_tokens
+        if work > limit:
+            raise RequestError(400, f"n={req.n} choices of {len(prompt)} prompt tokens plus max_tokens={budget} "
+                                    f"come to {work} tokens, over this server's limit of {limit} per request", "n")
+
+    def engine_request(self, req: ServeRequest, prompt: list[int], token_limit: int, max_seq_len: int,
+                       group: str | None = None) -> EngineRequest:
+        """The one request the engine takes, built once from the served request (`group`: the
+        request it is one choice of)."""
+        stop = StopCondition.build(self.budget(req, prompt, token_limit, max_seq_len), () if req.ignore_eos else self.eos)
         return EngineRequest(req.request_id, tuple(prompt), stop, req.lookahead, req.sampling, req.logprobs,
-                             req.logprobs if req.echo else None)
+                             req.logprobs if req.echo else None, group)
 
     async def run(self, req: ServeRequest, engine: AsyncEngine) -> AsyncIterator[Delta | Completion]:
         """Yield a Delta per engine step that accepted tokens (and one for text held to the end),
@@ -111,6 +123,7 @@ class RequestProcessor:
         # On the loop, bounded by check_prompt_size: a worker thread would race the loop's decodes on
         # the one Rust tokenizer (encoding sets its truncation state: "Already borrowed").
         prompt = self.tokenize(req)
+        self.check_work(req, prompt, self.budget(req, prompt, engine.limits.max_new_tokens, engine.limits.max_seq_len))
         if req.n == 1:
             async for item in self._run_one(req, prompt, 0, engine):
                 yield item
@@ -123,7 +136,7 @@ class RequestProcessor:
                 sampling = dataclasses.replace(sampling, seed=sampling.seed + i)
             sub = dataclasses.replace(req, n=1, sampling=sampling, request_id=f"{req.request_id}-{i}")
             try:
-                async for item in self._run_one(sub, prompt, i, engine):
+                async for item in self._run_one(sub, prompt, i, engine, group=req.request_id):
                     await queue.put(item)
             except RequestError as err:
                 await queue.put(err)
@@ -144,10 +157,10 @@ class RequestProcessor:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run_one(self, req: ServeRequest, prompt: list[int], index: int,
-                       engine: AsyncEngine) -> AsyncIterator[Delta | Completion]:
+    async def _run_one(self, req: ServeRequest, prompt: list[int], index: int, engine: AsyncEngine,
+                       group: str | None = None) -> AsyncIterator[Delta | Completion]:
         try:
-            ereq = self.engine_request(req, prompt, engine.limits.max_new_tokens, engine.limits.max_seq_len)
+            ereq = self.engine_request(req, prompt, engine.limits.max_new_tokens, engine.limits.max_seq_len, group)
             params = engine.resolve(ereq)
         except (ValueError, TypeError) as exc:
             raise RequestError(400, str(exc)) from None

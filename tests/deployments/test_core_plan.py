@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -132,3 +133,40 @@ print(json.dumps({"status": status, "own": own, "later": later, "compile": compi
     first, second = sorted(os.sched_getaffinity(0))[:2]
     assert out["own"] == out["later"][0] == out["status"]["engine_cores"] == [first]
     assert out["compile"] == [[first, second]] and out["nice"] == 19
+
+
+def test_the_http_stack_moved_is_this_ray_nodes_and_this_users_alone():
+    """A process titled as Serve's proxy or named haproxy that is not below this replica's raylet
+    (here: the applying process's parent, this test), another Ray's or a system HAProxy, or that is
+    another user's, keeps its priority and cores."""
+    binary = "/opt/bin/haproxy-stand-in"
+    ours = subprocess.Popen([binary, "-c", "import time; time.sleep(60)"], executable=sys.executable)
+    # another Ray's: started by a process that has exited, so it hangs below init (or a subreaper) instead
+    starter = subprocess.run([sys.executable, "-c", f"""
+import subprocess, sys
+p = subprocess.Popen([{binary!r}, "-c", "import time; time.sleep(60)"], executable=sys.executable,
+                     start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(p.pid)
+"""], check=True, capture_output=True, text=True)
+    foreign = [int(starter.stdout)]
+    if os.geteuid() == 0:  # another user's, below this test
+        other = subprocess.Popen([binary, "60"], executable="/bin/sleep", user=65534)
+        foreign.append(other.pid)
+    try:
+        code = """
+import json
+from deployments import core_plan
+core_plan.PROXY_TITLE, core_plan.HAPROXY_TITLE = b"ray::ProxyActorStandIn", b"ray::HAProxyManagerStandIn"
+core_plan.HAPROXY_NAME = b"haproxy-stand-in"  # the session's own Serve, below this test too, left alone
+print(json.dumps(core_plan.CorePlan.build(num_cpus=2, cores=2, http_nice=9).apply_http()))
+"""
+        before = {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in foreign}
+        out = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+        assert out["http_nice_now"] == {"replica": 9, f"haproxy {ours.pid}": 9}
+        assert {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in foreign} == before
+    finally:
+        for pid in [ours.pid, *foreign]:
+            os.kill(pid, signal.SIGKILL)
+        ours.wait()
+        if os.geteuid() == 0:
+            other.wait()

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deployments.guard import GuardConfig, RequestGuard, key_matches
+from deployments.guard import OPERATOR, GuardConfig, RequestGuard, key_matches
 
 KEY = b"k" * 20
 
@@ -105,3 +105,46 @@ def test_bad_content_length_is_400():
     scope_headers = ((b"content-length", b"ten"),)
     status, _, body = call(config, headers=scope_headers, content_length=False)
     assert status == 400 and "Content-Length" in json.loads(body)["error"]["message"]
+
+
+def operator_flag(config, headers=(), path="/health"):
+    """What the guard tells the route of a request: whether its caller may read the figures."""
+    seen = {}
+
+    async def route(scope, receive, send):
+        seen["operator"] = scope.get(OPERATOR)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    scope = {"type": "http", "path": path, "root_path": "", "headers": [(b"content-length", b"0"), *headers],
+             "app": SimpleNamespace(state=SimpleNamespace(guard=config))}
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        pass
+
+    asyncio.run(RequestGuard(route)(scope, receive, send))
+    return seen.get("operator")
+
+
+OPERATOR_KEY = b"o" * 24
+
+
+@pytest.mark.parametrize("config, key, operator", [
+    (GuardConfig(), None, True),  # no key anywhere: a local server, open to its user
+    (GuardConfig(api_keys=(KEY,)), None, False),  # the open /health without a key: its status alone
+    (GuardConfig(api_keys=(KEY,)), KEY, True),
+    (GuardConfig(api_keys=(KEY,)), b"z" * 20, False),
+    (GuardConfig(api_keys=(KEY,), operator_keys=(OPERATOR_KEY,)), KEY, False),  # a tenant's key: no figures
+    (GuardConfig(api_keys=(KEY,), operator_keys=(OPERATOR_KEY,)), OPERATOR_KEY, True),
+])
+def test_only_an_operator_reads_the_figures(config, key, operator):
+    headers = () if key is None else ((b"authorization", b"Bearer " + key),)
+    assert operator_flag(config, headers) is operator
+
+
+def test_an_operator_key_passes_every_route():
+    config = GuardConfig(api_keys=(KEY,), operator_keys=(OPERATOR_KEY,))
+    assert call(config, headers=((b"authorization", b"Bearer " + OPERATOR_KEY),))[0] == 200

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from lookahead_core.serving import sse
-from tests.fixtures import wait_until
+from tests.fixtures import fresh_health, wait_until
 
 KEY = "test-key-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -40,7 +40,7 @@ def guarded(server, tiny_model_dir):
 
 
 def health(url):
-    return requests.get(url + "/health", timeout=10).json()
+    return fresh_health(url, headers=AUTH)
 
 
 def gen(url, body, **kw):
@@ -57,9 +57,14 @@ def test_auth_is_required_except_on_health(guarded):
     assert "missing API key" in r.json()["error"]["message"]
     r = requests.get(guarded + "/v1/models", headers={"Authorization": "Bearer wrong-key-0000000000"}, timeout=30)
     assert r.status_code == 401 and r.json()["error"]["message"] == "invalid API key"
-    assert requests.get(guarded + "/health", timeout=30).status_code == 200
     ok = gen(guarded, {"prompt": "a", "max_new_tokens": 2})
     assert ok.status_code == 200, ok.text
+    # /health answers anyone with its status alone: no caller without a key reads the traffic, the
+    # prefix cache's reuse, the history or the step costs
+    open_health = requests.get(guarded + "/health", timeout=30)
+    assert open_health.status_code == 200 and open_health.json() == {"status": "ok"}
+    figures = health(guarded)
+    assert figures["status"] == "ok" and {"prefix_cache", "history", "step_costs_ms", "running"} <= set(figures)
 
 
 @pytest.mark.parametrize("body, status, message", [

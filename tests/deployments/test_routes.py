@@ -37,7 +37,8 @@ def test_the_default_app_is_the_model_replica_alone(server):
 def test_the_separate_ingress_serves_the_same_routes(behind_ingress, local):  # noqa: F811
     assert deployments_of("behind-ingress") == {"LookaheadModel", "LookaheadAPI"}
     auth = {"Authorization": "Bearer " + "k" * 20}
-    health = requests.get(behind_ingress + "/health", timeout=10).json()  # open, through the handle
+    assert requests.get(behind_ingress + "/health", timeout=10).json() == {"status": "ok"}  # open: the status alone
+    health = requests.get(behind_ingress + "/health", headers=auth, timeout=10).json()  # through the handle
     assert health["status"] == "ok" and health["model"] == "tiny"
     body = {"prompt": "import os", "max_new_tokens": 12, "lookahead": "off"}
     assert requests.post(behind_ingress + "/generate", json=body, timeout=60).status_code == 401

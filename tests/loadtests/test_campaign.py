@@ -1,9 +1,12 @@
 """A campaign against the session's real Serve app: every stage under every policy, then its report."""
+import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from loadtests import campaign
@@ -54,6 +57,19 @@ time.sleep(60)
     campaign.stop_server(leader)
     assert leader.returncode == 0 and time.monotonic() - started < 10  # ended by its own SIGTERM handler
     assert wait_until(lambda: not _alive(child), 10), "the server's child outlived stop_server"
+
+
+def test_a_start_whose_ports_are_taken_is_refused_naming_what_holds_them(tmp_path):
+    """As a HAProxy left by an earlier run held them: the next `serve run` could not bind, and
+    /health answered 500 from the stale HAProxy. Refused before `serve run` starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        config = tmp_path / "serve.yaml"
+        config.write_text(f"http_options: {{host: 127.0.0.1, port: {port}}}\napplications: []\n")
+        with pytest.raises(RuntimeError, match=rf"cannot start serve run .*: HTTP port {port} is held by pid {os.getpid()} "):
+            campaign.start_server(str(config), timeout=5)
 
 
 def _alive(pid: int) -> bool:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from deployments.request_bodies import GenerateRequest
+from deployments.request_bodies import CompletionRequest, GenerateRequest
 from loadtests.client import (
     REQUEST_KINDS,
     Outcome,
@@ -15,6 +15,7 @@ from loadtests.client import (
     percentiles,
     prompt_cycle,
     read_stream,
+    route_for,
 )
 from lookahead_core.serving import sse
 
@@ -66,8 +67,10 @@ def test_a_mix_names_known_kinds_and_each_kind_is_a_valid_request():
     with pytest.raises(ValueError, match="no positive weight"):
         parse_mix("off=0")
     for fields in REQUEST_KINDS.values():
-        body = {**generate_body("def f():", chat=False, max_new_tokens=8), **fields}
-        GenerateRequest.model_validate(body)  # what the server parses: no kind is refused
+        path, body = route_for({**generate_body("def f():", chat=False, max_new_tokens=8), **fields})
+        # what the server parses: no kind is refused
+        (GenerateRequest if path == "/generate" else CompletionRequest).model_validate(body)
+    assert route_for({**generate_body("x", chat=False, max_new_tokens=8), **REQUEST_KINDS["choices"]})[1]["n"] == 4
 
 
 def test_percentiles_are_nearest_rank_and_skip_missing_values():

@@ -135,6 +135,8 @@ def _child(job: GraphJob, conn) -> None:
 def compile_in_worker(job: GraphJob, started: Callable[[Any], None] = lambda process: None) -> float:
     """Compile `job` in a fresh process (told to `started`, which may kill it) and wait for it;
     returns its seconds, or raises RuntimeError with the worker's error."""
+    if (refused := PackageStore(job.root).refused(job.name)) is not None:  # a build that fails each time
+        raise RuntimeError(f"compiling {job.bucket} is refused: {refused}")
     ctx = multiprocessing.get_context("spawn")  # never fork a process that runs threads
     parent, child = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_child, args=(job, child), name=f"compile-{job.bucket.slug}", daemon=True)

@@ -35,12 +35,14 @@ from lookahead_core.engine.graphs.package_store import (
     digest,
     folder_bytes,
 )
+from lookahead_core.engine.graphs.retries import Retries
 from lookahead_core.engine.graphs.staging import DynamicStaging, StaticStaging
 from lookahead_core.engine.graphs.step import GRAPH_SOURCE, StepModule, constants, decode_step, prefill_step
 from lookahead_core.engine.graphs.timing import alone_costs, time_pending
 from lookahead_core.engine.runner.step_threads import StepThreads
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class Graph:
@@ -84,6 +86,7 @@ class DecodeGraphs:
             self.graphs[b] = Graph(b, staging_type(b, kv, self.scratch, self.dtype, self.device))
         self.ready: set[Bucket] = set()  # changed on the engine's thread only (`poll`)
         self.failed: dict[Bucket, str] = {}
+        self.retries = Retries()  # when a graph that raised is checked again
         self.calls = 0
         self.graph_failures = 0
         self.changes = 0  # graphs made ready, dropped or timed, ever: what the runner's prices read
@@ -193,8 +196,11 @@ class DecodeGraphs:
 
     def poll(self) -> bool:
         """On the engine's thread: take the graphs made ready since the last call (each checked
-        against the eager forward first); True where the set of ready graphs changed."""
+        against the eager forward first), and dropped graphs whose pause has passed, checked again;
+        True where the set of ready graphs changed."""
         changed = False
+        for bucket in self.retries.due(time.monotonic()):  # checked again as a graph arriving is
+            self._arrived.put((bucket, self.graphs[bucket].run, None))
         while True:
             try:
                 bucket, run, error = self._arrived.get_nowait()
@@ -205,6 +211,8 @@ class DecodeGraphs:
                 error = self._check(g, run)
             if error is not None:
                 self.failed[bucket] = error
+                if bucket in self.retries.drops:  # a dropped graph that fails its check again waits its next pause
+                    self.retries.dropped(bucket, time.monotonic())
                 continue
             g.run = run
             g.untimed = bucket.timed_cells()
@@ -255,13 +263,18 @@ class DecodeGraphs:
         return pred[:rows, :width], logits[:rows, :width]
 
     def _drop(self, bucket: Bucket, exc: Exception) -> None:
-        """A ready graph that raised runs no more steps: the bucket turns failed (on /health) and
-        its steps run in another ready graph or eagerly."""
+        """A ready graph that raised runs no steps until it passes its check again after a pause
+        (`retries`): the bucket turns failed (on /health, the replica "degraded") and its
+        steps run in another ready graph or eagerly."""
         self.ready.discard(bucket)
         self.failed[bucket] = f"{type(exc).__name__}: {exc}"
         self.graph_failures += 1
         self.changes += 1
-        log.exception("%s raised; its steps run without it from now on", bucket)
+        pause = self.retries.dropped(bucket, time.monotonic())
+        if pause is not None:
+            log.error("%s raised; its steps run without it, checked again in %.0f s", bucket, pause, exc_info=exc)
+        else:
+            log.error("%s raised again; its steps run without it from now on", bucket, exc_info=exc)
 
     # ---- timing alone (graphs/timing.py) ------------------------------------------------------
 

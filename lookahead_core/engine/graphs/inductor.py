@@ -5,7 +5,7 @@ import hashlib
 import inspect
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import cache
 
 import torch
@@ -23,21 +23,36 @@ def aoti_options() -> dict:
     return {"aot_inductor.package_constants_in_so": False, "cpp.dynamic_threads": True}
 
 
+def isa_description(capability: str, machine: str, vec_isa: str, amx_tiles: bool, flags: Iterable[str]) -> str:
+    """An instruction set as a build key holds it: torch's capability, the vector ISA inductor
+    picks, whether AMX tiles run, and the cpuinfo flags that -march=native turns on (two hosts of
+    one capability can differ in AMX or AVX512-BF16, and a kernel built for one dies on the other)."""
+    chosen = sorted({w for w in flags if w.startswith(_ISA_PREFIXES)})
+    digest = hashlib.blake2b(" ".join([vec_isa, f"amx={amx_tiles}", *chosen]).encode(), digest_size=4).hexdigest()
+    return f"{capability}-{machine}-{digest}"
+
+
+def _vec_isa() -> str:
+    try:  # inductor's pick: a test build with this host's compiler, cached by inductor
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        return str(pick_vec_isa())
+    except Exception:  # another torch's layout
+        return "unknown"
+
+
 @cache
 def instruction_set() -> str:
-    """The instruction set this host's compiled kernels may use: torch's capability and the
-    cpuinfo flags that -march=native turns on (two hosts of one capability can differ in AMX or
-    AVX512-BF16, and a kernel built for one dies on the other)."""
+    """This host's instruction set, as inductor's compiled kernels use it (`isa_description`)."""
     flags: list[str] = []
     if platform.system() == "Linux":
         try:
             with open("/proc/cpuinfo") as f:
-                line = next((ln for ln in f if ln.startswith("flags")), "")
-            flags = sorted({w for w in line.split(":", 1)[-1].split() if w.startswith(_ISA_PREFIXES)})
+                flags = next((ln for ln in f if ln.startswith("flags")), "").split(":", 1)[-1].split()
         except OSError:
             pass
-    digest = hashlib.blake2b(" ".join(flags).encode(), digest_size=4).hexdigest()
-    return f"{torch.backends.cpu.get_cpu_capability()}-{platform.machine()}-{digest}"
+    return isa_description(torch.backends.cpu.get_cpu_capability(), platform.machine(), _vec_isa(),
+                           torch.cpu._is_amx_tile_supported(), flags)
 
 
 def build_key(source: str) -> tuple[str, ...]:

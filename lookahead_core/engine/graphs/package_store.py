@@ -6,9 +6,15 @@ one copy the eager forward reads. AOTInductor writes a package as a zip (`.pt2`)
 unpacked, one folder per package, and loaded in place. A folder appears whole or not at all
 (renamed into place), so a replica starting beside the one that compiles it never loads half of one.
 
+The folders are code this service runs, so the root is this user's alone (package_files.py) and
+each folder carries a manifest of its files' digests, checked before it loads. A folder that fails
+the check, does not load, or whose code a process never returned from (killed by SIGILL, say) is
+moved to `quarantine/` and compiled again; one quarantined twice is not compiled again.
+
 A package's name is `<slug>-<build>-<digest>`: `build` digests the code that compiled it (the
 traced source, torch, transformers, the instruction set); storing a package drops the packages of
-the same slug that another build left, never those of other shapes or options of this build.
+the same slug that another build left, never those of other shapes or options of this build, and
+any package or quarantined folder unused for `EVICT_AFTER_S`.
 """
 from __future__ import annotations
 
@@ -27,9 +33,21 @@ from typing import Any
 import torch
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 
+from lookahead_core.engine.graphs.package_files import (
+    abandoned,
+    died_in,
+    private_root,
+    running,
+    seal,
+    unsealed,
+    work_folder,
+)
+
 log = logging.getLogger(__name__)
 
-ABANDONED_AFTER_S = 3600.0
+ABANDONED_AFTER_S = 3600.0  # a work folder whose owner cannot be told alive or dead (another container)
+EVICT_AFTER_S = 14 * 86400.0  # a package no process has loaded for this long is dropped
+REFUSE_AFTER = 2  # quarantined this many times, a package is not compiled again
 
 Run = Callable[[list], list]
 
@@ -59,11 +77,43 @@ def _allow_amx() -> None:
         log.warning("AMX tile state was refused (arch_prctl); packages with AMX kernels will not run")
 
 
+def _open(path: Path, constants: Mapping[str, torch.Tensor]) -> Run:
+    # The loader takes an unpacked folder as it is; `aoti_load_package` would first try it
+    # as an archive, warn, and only then fall back to this same loader.
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    wanted = loader.get_constant_fqns()
+    missing = sorted(set(wanted) - set(constants))
+    if missing:
+        raise KeyError(f"the graph wants constants the model has not: {missing[:3]}")
+    loader.load_constants({fqn: constants[fqn] for fqn in wanted}, False, True, True)
+    # The Python wrapper's call parses its input and output specs on every call; this is the flat form.
+    return loader.boxed_run
+
+
+def _first_call_recorded(path: Path, run: Run) -> Run:
+    """`run`, its first call inside a `running` record: a process that dies in it leaves the
+    record, and the next load quarantines the folder rather than crash again."""
+    first = True
+
+    def call(inputs: list) -> list:
+        nonlocal first
+        if not first:
+            return run(inputs)
+        with running(path):
+            out = run(inputs)
+        first = False
+        return out
+
+    return call
+
+
 class PackageStore:
-    """Package folders under `root`."""
+    """Package folders under `root` (inductor's cache by default), which must be this user's
+    alone: raises `UnsafeRoot` where another user could write there."""
 
     def __init__(self, root: Path | str | None = None) -> None:
-        self.root = default_root() if root is None else Path(root)
+        self.root = private_root(default_root() if root is None else Path(root))
+        self.quarantine_root = self.root / "quarantine"
 
     def folder(self, name: PackageName) -> Path:
         return self.root / str(name)
@@ -73,41 +123,66 @@ class PackageStore:
 
     def load(self, name: PackageName, constants: Mapping[str, torch.Tensor]) -> Run | None:
         """The package's flat call (inputs as one list) over `constants` (the caller keeps them
-        alive), or None where none is stored. A folder that does not load (torn by hand, or left by
-        another torch) is removed, so it is compiled again."""
+        alive), or None where none is stored. A folder that is not as stored, that a process died
+        running, or that does not load (left by another torch) is quarantined, so it is compiled again."""
         path = self.folder(name)
         if not path.is_dir():
             return None
-        _allow_amx()
-        try:
-            # The loader takes an unpacked folder as it is; `aoti_load_package` would first try it
-            # as an archive, warn, and only then fall back to this same loader.
-            loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
-            wanted = loader.get_constant_fqns()
-            missing = sorted(set(wanted) - set(constants))
-            if missing:
-                raise KeyError(f"the graph wants constants the model has not: {missing[:3]}")
-            loader.load_constants({fqn: constants[fqn] for fqn in wanted}, False, True, True)
-        except Exception:
-            log.exception("loading %s failed; it is compiled again", path)
-            shutil.rmtree(path, ignore_errors=True)
+        run, why = None, died_in(path) or unsealed(path)
+        if why is None:
+            _allow_amx()
+            try:
+                with running(path):  # loading runs the library's initialisers
+                    run = _open(path, constants)
+            except Exception as exc:
+                log.exception("loading %s failed", path)
+                why = f"{type(exc).__name__}: {exc}"
+        if run is None:
+            self.quarantine(name, why or "it did not load")
             return None
-        # The Python wrapper's call parses its input and output specs on every call; this is the flat form.
-        return loader.boxed_run
+        with contextlib.suppress(OSError):
+            os.utime(path)  # its last use, which eviction reads
+        return _first_call_recorded(path, run)
+
+    def quarantine(self, name: PackageName, why: str) -> None:
+        """Move the package's folder out of the way (kept to be looked at), so it is compiled again."""
+        self.quarantine_root.mkdir(mode=0o700, exist_ok=True)
+        kept = self.quarantine_root / f"{name}.{time.time_ns()}"
+        try:
+            os.replace(self.folder(name), kept)
+        except FileNotFoundError:  # another process moved it first
+            return
+        except OSError:
+            shutil.rmtree(self.folder(name), ignore_errors=True)
+            return
+        with contextlib.suppress(OSError):
+            (kept / "QUARANTINED").write_text(why + "\n")
+        log.error("package %s is quarantined in %s and compiled again: %s", name, kept, why)
+
+    def refused(self, name: PackageName) -> str | None:
+        """Why `name` is not compiled again (quarantined `REFUSE_AFTER` times: its build fails so
+        each time), or None."""
+        kept = sorted(self.quarantine_root.glob(f"{name}.*"))
+        if len(kept) < REFUSE_AFTER:
+            return None
+        try:
+            last = (kept[-1] / "QUARANTINED").read_text().strip()
+        except OSError:
+            last = "?"
+        return (f"{name} was quarantined {len(kept)} times (last: {last}); "
+                f"remove its folders from {self.quarantine_root} to compile it again")
 
     def store(self, name: PackageName, write: Callable[[str], None]) -> None:
-        """Run `write(archive_path)` (the compile, writing a `.pt2`), unpack the archive and put its
-        folder in place; then drop what other builds left for the same slug."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        work = self.root / f".{name}.{os.getpid()}.tmp"  # named so that `_drop_other_builds` knows its owner
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
+        """Run `write(archive_path)` (the compile, writing a `.pt2`), unpack the archive, seal it
+        and put its folder in place; then drop what other builds left for the same slug."""
+        work = work_folder(self.root, f".{name}.")  # its own: a compile never meets another's files
         try:
             archive = work / "package.pt2"
             write(str(archive))
             with zipfile.ZipFile(archive) as zf:
                 zf.extractall(work / "unpacked")
             (top,) = (work / "unpacked").iterdir()  # the archive's one top folder
+            seal(top)
             try:
                 os.replace(top, self.folder(name))
             except OSError:  # another process stored it first: theirs is whole, keep it
@@ -115,28 +190,22 @@ class PackageStore:
                     raise
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        self._drop_other_builds(name)
+        self._sweep(name)
 
-    def _drop_other_builds(self, name: PackageName) -> None:
-        for old in self.root.glob(f"{name.slug}-*"):
-            if old.is_dir() and not old.name.startswith(f"{name.slug}-{name.build}-"):
-                shutil.rmtree(old, ignore_errors=True)
-        for work in self.root.glob(".*.tmp"):  # what a compile killed midway left
-            pid = work.name.rsplit(".", 2)[-2]
-            # its process gone, and for long: a process of another PID namespace sharing the folder
-            # may have the same number as a dead one here
-            if pid.isdigit() and not _alive(int(pid)) and time.time() - work.stat().st_mtime > ABANDONED_AFTER_S:
-                shutil.rmtree(work, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+    def _sweep(self, name: PackageName) -> None:
+        old = time.time() - EVICT_AFTER_S
+        for entry in [*self.root.iterdir(), *self.quarantine_root.glob("*")]:
+            with contextlib.suppress(OSError):
+                if not entry.is_dir() or entry == self.quarantine_root:
+                    continue
+                if entry.name.startswith("."):  # a work folder
+                    drop = abandoned(entry, ABANDONED_AFTER_S)
+                elif entry.name.startswith(f"{name.slug}-") and entry.parent == self.root:
+                    drop = not entry.name.startswith(f"{name.slug}-{name.build}-")  # another build's
+                else:
+                    drop = entry.stat().st_mtime < old
+                if drop:
+                    shutil.rmtree(entry, ignore_errors=True)
 
 
 def folder_bytes(path: Path) -> int:

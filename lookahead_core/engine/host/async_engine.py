@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Protocol
 
@@ -33,6 +34,10 @@ from lookahead_core.lookahead.stopping import FinishReason
 __all__ = ["AsyncEngine", "EngineHost", "EngineLimits", "EngineStopped", "RequestTimeout"]
 
 log = logging.getLogger(__name__)
+
+
+# The engine's status is read at most this often, whoever asks: /health's figures are at most this old.
+STATUS_MAX_AGE_S = 0.5
 
 
 class RequestTimeout(TimeoutError):
@@ -83,6 +88,8 @@ class AsyncEngine:
         self._asks: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._streams: dict[str | int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._depth = (0, 0)
+        self._snapshot: tuple[float, dict] | None = None  # (when read, engine_status)
+        self._asking: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
         self.host.start(self._on_event)
 
     # ---- caller side ------------------------------------------------------------------------
@@ -138,14 +145,30 @@ class AsyncEngine:
         Its stream still ends with an output that has the finish reason and the request's stats."""
         self._submit(FinishCommand(seq_id, reason, kept))
 
-    async def status(self) -> dict:
-        """`engine_status`, read where the engine steps."""
+    async def status(self, max_age_s: float = STATUS_MAX_AGE_S, timeout_s: float = 2.0) -> dict:
+        """`engine_status`, read where the engine steps at most once per `max_age_s` (callers in
+        between share the last read, so probes cannot add to the engine's steps); past `timeout_s`
+        (a long step), the last read with its `age_s`. TimeoutError where there is none yet."""
         loop = asyncio.get_running_loop()
-        answer = loop.create_future()
-        ticket = next(self._tickets)
-        self._asks[ticket] = (loop, answer)
-        self._submit(StatusCommand(ticket))
-        return await answer
+        if self._snapshot is not None and time.monotonic() - self._snapshot[0] <= max_age_s:
+            return self._snapshot[1]
+        if self._asking is not None and self._asking[0] is loop and not self._asking[1].done():
+            answer = self._asking[1]
+        else:
+            answer = loop.create_future()
+            ticket = next(self._tickets)
+            self._asks[ticket] = (loop, answer)
+            self._asking = (loop, answer)
+            self._submit(StatusCommand(ticket))
+        try:
+            status = await asyncio.wait_for(asyncio.shield(answer), timeout_s)
+        except TimeoutError:
+            if self._snapshot is None:
+                raise
+            read_at, last = self._snapshot
+            return {**last, "age_s": round(time.monotonic() - read_at, 3)}
+        self._snapshot = (time.monotonic(), status)
+        return status
 
     def queue_depth(self) -> tuple[int, int]:
         """(running, waiting) as of the engine's last step, plus requests not yet taken in."""

@@ -67,5 +67,7 @@ def engine_status(engine: Engine) -> dict:
                             "timed": compiled is not None and len(compiled.ready) == len(compiled.graphs)
                             and compiled.timed,
                             "eager_forwards": engine.runner.eager_forwards if compiled else None,
-                            "graph_failures": compiled.graph_failures if compiled else None},
+                            "graph_failures": compiled.graph_failures if compiled else None,
+                            # graphs that failed (to compile, check or run): their steps run eagerly
+                            "failed": len(compiled.failed) if compiled else 0},
     }

@@ -147,6 +147,13 @@ class BatchKVCache(Cache):
                     block = t[slot, :, src : src + count]
                     t[slot, :, dst : dst + count].copy_(block.clone() if overlap else block)
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Copy slot `src`'s first `n` entries into slot `dst` (a choice of the same request: the same prompt)."""
+        for layer in self.slot_layers:
+            if layer.is_initialized:
+                layer.keys[dst, :, :n].copy_(layer.keys[src, :, :n])
+                layer.values[dst, :, :n].copy_(layer.values[src, :, :n])
+
     def move_slot(self, src: int, dst: int) -> None:
         """Copy slot `src`'s committed entries into slot `dst` (filling a hole left by a finish)."""
         n = self.lengths[src]

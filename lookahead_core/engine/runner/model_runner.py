@@ -152,7 +152,9 @@ class ModelRunner:
         out = []
         for job, every in zip(jobs, all_logits):
             seq, slot, start, n = job.seq, job.slot, job.start, job.tokens
-            if job.reused:
+            if job.reused and job.sibling is not None:  # a choice of the same request holds the prompt
+                cache.copy_prefix(job.sibling, slot, job.reused)
+            elif job.reused:
                 assert self.prefixes is not None
                 self.prefixes.copy_in(seq.tokens[: seq.prompt_len - 1], cache, slot, job.reused)
             ids = torch.tensor([seq.tokens[start : start + n]], dtype=torch.long, device=self.device)
@@ -163,7 +165,7 @@ class ModelRunner:
             if job.last:
                 buf.reset_slot(slot, start + n)
         for job in jobs:
-            if job.last and self.prefixes is not None:  # as it is looked up: each prompt but its last token
+            if job.last and job.sibling is None and self.prefixes is not None:  # each prompt but its last token
                 self.prefixes.store(job.seq.tokens[: job.seq.prompt_len - 1], cache, job.slot)
         return out
 

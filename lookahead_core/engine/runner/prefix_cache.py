@@ -6,6 +6,11 @@ makes the keys and values of positions [0, L) a function of tokens [0, L) alone,
 whose prompt starts with a stored prefix copies them into its KV slot and prefills only the rest
 (vLLM's automatic prefix caching, SGLang's radix cache; here a few whole prefixes in a fixed
 budget, matched by their longest common prefix with the prompt).
+
+A prefix is copied in only the second time it is seen: most prompts come once, and copying each
+would cost every admission its keys and values. Sightings are hashes of a prompt's prefixes at
+every `min_match` tokens and at its end, a bounded set; a hash only picks what to copy, a match
+always compares the token ids.
 """
 from __future__ import annotations
 
@@ -27,12 +32,15 @@ class _Entry:
 
 class PrefixCache:
     """At most `capacity_tokens` tokens of keys and values, in entries of one prompt prefix each
-    (least recently used out). A prompt reuses the longest prefix it shares with an entry, from
-    `min_match` tokens on."""
+    (least recently used out, and none inside another). A prompt reuses the longest prefix it
+    shares with an entry, from `min_match` tokens on. `max_seen` prefix hashes are remembered
+    (about 120 bytes each), least recently seen out."""
 
-    def __init__(self, capacity_tokens: int, min_match: int = 8) -> None:
+    def __init__(self, capacity_tokens: int, min_match: int = 8, max_seen: int = 8192) -> None:
         self.capacity_tokens = capacity_tokens
         self.min_match = min_match
+        self.max_seen = max_seen
+        self._seen: OrderedDict[int, None] = OrderedDict()
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._next = 0
         self.tokens = 0
@@ -83,16 +91,24 @@ class PrefixCache:
         return length
 
     def store(self, prompt: Sequence[int], cache: BatchKVCache, slot: int) -> None:
-        """Keep the keys and values of `prompt` (all of it in `slot` from position 0), unless an
-        entry holds it already; least recently used entries make room."""
-        length = len(prompt)
-        if length < self.min_match or length > self.capacity_tokens:
-            return
+        """Note the prefixes of `prompt` (all of it in `slot` from position 0) as seen, and keep the
+        keys and values of the longest one seen before, unless an entry holds it already. Entries it
+        holds go (an earlier turn of the same conversation); least recently used ones make room."""
         ids = np.asarray(prompt, dtype=np.int64)
-        key, common = self._longest(ids)
-        if key is not None and common == length:
-            self._entries.move_to_end(key)
+        length = self._seen_before(ids)
+        if length < self.min_match:
             return
+        ids = ids[:length]
+        inside = []
+        for key, entry in self._entries.items():
+            n = min(len(entry.tokens), length)
+            if np.array_equal(entry.tokens[:n], ids[:n]):
+                if n == length:  # held already
+                    self._entries.move_to_end(key)
+                    return
+                inside.append(key)
+        for key in inside:
+            self.tokens -= len(self._entries.pop(key).tokens)
         while self._entries and self.tokens + length > self.capacity_tokens:
             _, old = self._entries.popitem(last=False)
             self.tokens -= len(old.tokens)
@@ -102,9 +118,28 @@ class PrefixCache:
         self._next += 1
         self.tokens += length
 
+    def _seen_before(self, ids: np.ndarray) -> int:
+        """The longest prefix of `ids` (at a multiple of `min_match` tokens or all of it, within
+        the budget) whose hash was seen before; every one's is noted now."""
+        step, end = self.min_match, min(len(ids), self.capacity_tokens)
+        ends = list(range(step, end + 1, step)) + ([end] if end % step and end == len(ids) else [])
+        h, start, longest = 0, 0, 0
+        for stop in ends:
+            h = hash((h, stop, ids[start:stop].tobytes()))
+            start = stop
+            if h in self._seen:
+                longest = stop
+                self._seen.move_to_end(h)
+            else:
+                self._seen[h] = None
+        while len(self._seen) > self.max_seen:
+            self._seen.popitem(last=False)
+        return longest
+
     def clear(self) -> None:
         """Forget every entry and the counts (the replica's warm-up text is no one's)."""
         self._entries.clear()
+        self._seen.clear()
         self.tokens = self.lookups = self.hits = self.prompt_tokens = self.reused_tokens = 0
 
     def status(self) -> dict:

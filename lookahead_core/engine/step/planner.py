@@ -38,7 +38,8 @@ def batch_width(menus: Sequence[Menu], ratio: Callable[[int], float], floor: int
     the W with the most expected tokens per unit of cost (`ratio(W)`: against a one-token step)
     wins, the narrower on a tie. `rest`: the tokens the batch's rows outside `menus` yield at any
     width (they pay the wider step too); `bias`: what an expected token beyond a row's first is
-    worth (`YieldBias.factor`). `fits_slo(W, tokens per row)` may rule out widths above the floor.
+    worth (`YieldBias.factor`). `fits_slo(W, least)` may rule out widths above the floor, given
+    the fewest tokens a menu's row yields at W.
     """
     # per menu: its widths ascending and the most tokens an option up to each width yields
     ladders = []
@@ -52,11 +53,12 @@ def batch_width(menus: Sequence[Menu], ratio: Callable[[int], float], floor: int
         ladders.append((widths, best))
     best_w, best_rate = floor, -1.0
     for w in sorted({o.width for menu in menus for o in menu if o.width >= floor} | {floor}):
-        total = rest
+        total, least = rest, float("inf")
         for widths, best in ladders:
             i = bisect.bisect_right(widths, w)
-            total += 1.0 + bias * (best[i - 1] - 1.0) if i else 1.0
-        if w > floor and fits_slo is not None and menus and not fits_slo(w, (total - rest) / len(menus)):
+            tokens = 1.0 + bias * (best[i - 1] - 1.0) if i else 1.0
+            total, least = total + tokens, min(least, tokens)
+        if w > floor and fits_slo is not None and menus and not fits_slo(w, least):
             continue
         rate = total / ratio(w)
         if rate > best_rate * (1 + 1e-9):
@@ -108,12 +110,13 @@ class StepPlanner:
 
     Requests that pace offer their kinds with the tokens they expect (their own running
     acceptance). Plain requests take width 1; a fixed (N, W, G) (`adapt` off) takes its whole
-    step, which sets a floor every other row rides up to for free, as long as that step keeps the
-    predicted time per output token within `slo_tpot_ms`; past it, a fixed row is priced like a
-    paced one, so no request can widen everyone's step beyond the SLO. A plan's `Prices` are those of
-    the batch the queue would fill (running + waiting, up to `max_batch`), and the SLO caps every
-    width: a step may not widen past it. A menu's expected tokens beyond one are discounted by how
-    far wide steps fell short of their plans (`bias`, learned in `learn`).
+    step, which sets a floor every other row rides up to for free, as long as that step keeps
+    every row's predicted time per output token within `slo_tpot_ms` (a row yielding one token
+    waits the whole step: another row's yield does not pay for it); past it, a fixed row is priced
+    like a paced one, so no request can widen anyone's step beyond the SLO. A plan's `Prices` are
+    those of the batch the queue would fill (running + waiting, up to `max_batch`), and the SLO
+    caps every width above the narrowest the batch can run. A menu's expected tokens beyond one
+    are discounted by how far wide steps fell short of their plans (`bias`, learned in `learn`).
     """
 
     def __init__(self, max_batch: int, slo_tpot_ms: float | None = None, row_price: float | None = None,
@@ -154,23 +157,24 @@ class StepPlanner:
         offers = [offer(d, row_price) for d in drafts]
         batch, ratio = prices.batch, prices.ratio
 
-        def fits_slo(width: int, tokens_per_row: float) -> bool:
+        def fits_slo(width: int, least: float) -> bool:
+            """Whether every row's time per token fits: `least`, the fewest tokens a row yields."""
             ms = prices.estimate_ms(width)
-            return ms is None or self.slo_tpot_ms is None or ms / max(tokens_per_row, 1.0) <= self.slo_tpot_ms
+            return ms is None or self.slo_tpot_ms is None or ms / max(least, 1.0) <= self.slo_tpot_ms
 
         floor = max((o.width for o in offers if o.pacer is None), default=1)
         priced = [o for o in offers if o.pacer is not None]
         outside = [o for o in offers if o.pacer is None]
-        if floor > 1 and self.slo_tpot_ms is not None and not fits_slo(floor, _tokens_at(offers, floor)):
+        if floor > 1 and self.slo_tpot_ms is not None and not fits_slo(floor, min(_tokens_at(offers, floor))):
             floor, priced = 1, [o for o in offers if o.menu is not None]
             outside = [o for o in offers if o.menu is None]
         menus = [o.menu for o in priced if o.menu is not None]
+        at_floor = _tokens_at(outside, floor)  # they pay a wider step too
+        rest, least = sum(at_floor), min(at_floor, default=float("inf"))
 
-        def fits_batch(width: int, tokens_per_menu: float) -> bool:
-            # every row's user waits the whole step: a row outside the menus yields one token of it
-            return fits_slo(width, (tokens_per_menu * len(menus) + len(offers) - len(menus)) / len(offers))
+        def fits_batch(width: int, least_in_menus: float) -> bool:
+            return fits_slo(width, min(least_in_menus, least))  # rows outside the menus wait the step too
 
-        rest = _tokens_at(outside, floor) * len(outside) if outside else 0.0  # they pay a wider step too
         cap = batch_width(menus, ratio, floor, fits_batch if self.slo_tpot_ms else None, rest,
                           self.bias.factor) if menus else floor
         widen = len(offers) == 1  # alone: a retry may widen the step, nobody else pays for it
@@ -196,18 +200,11 @@ class StepPlanner:
             self._expected = []
 
 
-def _tokens_at(offers: Sequence[Offer], width: int) -> float:
-    """The tokens per row a step of `width` is expected to yield: a fixed row its whole step's,
+def _tokens_at(offers: Sequence[Offer], width: int) -> list[float]:
+    """The tokens each row's step of `width` is expected to yield: a fixed row its whole step's,
     a paced one its best option that fits, a plain one 1."""
-    total = 0.0
-    for o in offers:
-        if o.menu is None:
-            total += 1.0
-        elif o.pacer is None:
-            total += next(opt.tokens for opt in o.menu if opt.kind is StepKind.FULL)
-        else:
-            total += best_option(o.menu, width).tokens
-    return total / len(offers)
+    return [1.0 if o.menu is None else next(opt.tokens for opt in o.menu if opt.kind is StepKind.FULL)
+            if o.pacer is None else best_option(o.menu, width).tokens for o in offers]
 
 
 def _choice(o: Offer, cap: int, ratio, widen: bool) -> StepChoice:

@@ -1,5 +1,5 @@
-"""Which sequences run, in which KV slot: FIFO admission, prompt chunks of at most `prefill_chunk`
-tokens per step, finish and retire; one `ScheduleOutput` per step says what the step runs."""
+"""Which sequences run, in which KV slot: admission fair across requests, prompt chunks of at most
+`prefill_chunk` tokens per step, finish and retire; one `ScheduleOutput` per step says what the step runs."""
 from __future__ import annotations
 
 from collections import deque
@@ -21,8 +21,9 @@ class SlotMove:
 
 @dataclass(frozen=True)
 class PrefillJob:
-    """Prompt tokens [start, start + tokens) of `seq` into its slot, after the `reused` tokens of a
-    stored prefix are copied in (at admission only); `last`: the chunk completes the prompt."""
+    """Prompt tokens [start, start + tokens) of `seq` into its slot, after `reused` tokens are copied
+    in (at admission only): from slot `sibling`, a running choice of the same request, or else from
+    a stored prefix; `last`: the chunk completes the prompt."""
 
     seq: Sequence
     slot: int
@@ -30,6 +31,7 @@ class PrefillJob:
     tokens: int
     reused: int = 0
     last: bool = False
+    sibling: int | None = None
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,20 @@ class Scheduler:
     slot. A step prefills at most `prefill_chunk` prompt tokens, so an arriving long prompt delays
     the running sequences by a bounded forward per step, never by its whole prefill; short prompts
     share that budget (one after another, each completed starts running).
+
+    Admission is fair across requests: the next admitted is the earliest waiting sequence of the
+    requests holding the fewest slots, so a request's second choice waits behind another request's
+    first, and a request's choices (its `group`) hold at most `request_slots` slots at once. A
+    choice whose request already runs another copies that one's prompt keys and values
+    (`share_prefill`), so the prompt is prefilled once per request, not once per choice.
     """
 
-    def __init__(self, max_batch: int, prefill_chunk: int) -> None:
+    def __init__(self, max_batch: int, prefill_chunk: int, request_slots: int | None = None,
+                 share_prefill: bool = True) -> None:
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        self.request_slots = max_batch if request_slots is None else request_slots
+        self.share_prefill = share_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.prefilling: Sequence | None = None
@@ -82,21 +93,27 @@ class Scheduler:
         jobs: list[PrefillJob] = []
         budget = self.prefill_chunk
         while budget > 0:
-            reused = 0
+            reused, sibling = 0, None
             if self.prefilling is None:
-                if not self.waiting or len(self.running) >= self.max_batch:
+                seq = self._next_admitted() if len(self.running) < self.max_batch else None
+                if seq is None:
                     break
-                self.prefilling = seq = self.waiting.popleft()
+                self.prefilling = seq
                 seq.slot = len(self.running)
-                self.prefilled = reused = prefix_match(seq)
-                assert 0 <= reused < seq.prompt_len, "a stored prefix never holds a prompt's last token"
+                twin = self._running_sibling(seq)
+                if twin is not None and seq.prompt_len > 1:
+                    reused, sibling = seq.prompt_len - 1, twin.slot
+                else:
+                    reused = prefix_match(seq)
+                self.prefilled = reused
+                assert 0 <= reused < seq.prompt_len, "a copied prefix never holds a prompt's last token"
             seq = self.prefilling
             assert seq.slot is not None
             start = self.prefilled
             n = min(seq.prompt_len - start, budget)
             self.prefilled += n
             last = self.prefilled == seq.prompt_len
-            jobs.append(PrefillJob(seq, seq.slot, start, n, reused, last))
+            jobs.append(PrefillJob(seq, seq.slot, start, n, reused, last, sibling))
             budget -= n
             if not last:  # the prompt goes on next step
                 break
@@ -104,6 +121,34 @@ class Scheduler:
             self.running.append(seq)
         behind = len(self.waiting) + (self.prefilling is not None) + len(self.running) - len(decode)
         return ScheduleOutput(retired, moves, jobs, decode, behind)
+
+    def _next_admitted(self) -> Sequence | None:
+        """Taken out of `waiting`: the earliest sequence of the requests holding the fewest slots,
+        none of a request at `request_slots` (None: nothing can be admitted now)."""
+        held: dict[str | int, int] = {}
+        for seq in self.running:
+            if seq.group is not None:
+                held[seq.group] = held.get(seq.group, 0) + 1
+        best, fewest = None, self.request_slots
+        for seq in self.waiting:
+            n = 0 if seq.group is None else held.get(seq.group, 0)
+            if n < fewest:
+                best, fewest = seq, n
+                if n == 0:
+                    break
+        if best is not None:
+            self.waiting.remove(best)
+        return best
+
+    def _running_sibling(self, seq: Sequence) -> Sequence | None:
+        """A running choice of `seq`'s request (the same prompt, its keys and values in its slot),
+        where `seq` may copy them: not where it wants its prompt's logprobs (copied keys have no logits)."""
+        if seq.group is None or not self.share_prefill or seq.prompt_logprobs is not None:
+            return None
+        for other in self.running:
+            if other.group == seq.group and other.prompt_len == seq.prompt_len:
+                return other
+        return None
 
     def abort(self, seq: Sequence, reason: FinishReason = FinishReason.ABORT) -> list[SlotMove]:
         """End `seq` from outside the step (as ABORT, or as the caller's `reason`). A waiting or

@@ -17,9 +17,9 @@ from lookahead_core.lookahead.stopping import FinishReason, StopCondition
 @dataclass(eq=False)  # the scheduler finds a sequence by identity
 class Sequence:
     """The last accepted token is never in the KV cache: each step feeds it first. A sampled
-    request draws output position p with the uniform u(seed, p), so in float32 its text depends on
-    the seed alone (lookahead/sampling.py); `sampling` holds the warp alone, so requests that warp
-    alike draw together. `drafter` is None for plain decoding."""
+    request draws output position p with the uniform u(seed, p), so its text is fixed by the seed up
+    to rounding-level ties (lookahead/sampling.py); `sampling` holds the warp alone, so requests
+    that warp alike draw together. `drafter` is None for plain decoding."""
 
     seq_id: str | int
     tokens: list[int]
@@ -34,6 +34,7 @@ class Sequence:
     prompt_lp: list | None = None  # prompt logprobs gathered while prefilling, sent on the first output
     slot: int | None = None  # the KV slot, owned by the scheduler
     finish_reason: FinishReason | None = None
+    group: str | int | None = None  # the served request this is a choice of (EngineRequest.group)
     stats: SequenceStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -51,7 +52,8 @@ class Sequence:
         drafter = None if params is None else Drafter(params, layout, tokens, warp is not None, knowledge)
         return cls(req.request_id, tokens, len(tokens), req.stop, layout, drafter,
                    None if warp is None else dataclasses.replace(warp, seed=None), seed,
-                   req.logprobs, req.prompt_logprobs, [None] if req.prompt_logprobs is not None else None)
+                   req.logprobs, req.prompt_logprobs, [None] if req.prompt_logprobs is not None else None,
+                   group=req.group)
 
     @property
     def new_tokens(self) -> list[int]:

@@ -437,7 +437,7 @@ def test_a_row_that_does_not_pace_lets_paced_rows_ride_its_width(setup):
 
 
 def test_a_fixed_request_cannot_widen_other_rows_past_the_slo(setup):
-    """A fixed (N, W, G) runs whole while the step fits `slo_tpot_ms`; beside plain requests, where
+    """A fixed (N, W, G) runs whole while the step fits `slo_tpot_ms` for every row; beside plain requests, where
     its width would break the SLO, it is priced like a paced row and nobody's step widens for it.
     Every request's tokens stay exact either way."""
     model, cases = setup
@@ -463,6 +463,9 @@ def test_a_fixed_request_cannot_widen_other_rows_past_the_slo(setup):
     batch = [(0, fixed), (1, None), (2, None), (3, None)]
     assert max(run(None, batch)) >= 33  # no SLO: the fixed request sets everyone's width
     assert set(run(12.0, batch)) == {1}  # 33 rows at 10 ms each never fit 12 ms a token
+    # 330 ms for its 33 rows: the fixed row's own tokens would bring the batch's mean under 300 ms
+    # a token, but each plain row yields one token of that step
+    assert set(run(300.0, batch)) == {1}
     assert min(run(None, [(0, fixed)])) >= 33  # alone, without an SLO: every step whole
 
 
@@ -530,3 +533,53 @@ def test_an_engine_at_max_n_3_runs_auto_requests_and_one_below_is_refused_at_sta
     assert all(reasons[i] == "length" and outputs[i] == cases[i][1] for i in range(8))
     with pytest.raises(ValueError, match="n=4 exceeds"):
         engine.add_request(req("big", [5], 4, LookaheadParams(4, 2, 2)))
+
+
+def _drain(engine) -> dict:
+    out: dict = {}
+    while engine.has_work():
+        for o in engine.step():
+            out.setdefault(o.seq_id, []).extend(o.tokens)
+    return out
+
+
+@pytest.mark.parametrize("lookahead", ["off", LookaheadParams(3, 2, 2)])
+def test_the_choices_of_one_request_share_its_prefill_and_decode_as_alone(setup, lookahead):
+    """Four choices of one request (two greedy copies, two seeded draws) beside another request: the
+    prompt is prefilled once and copied, each choice decodes what it decodes alone, and the request
+    holds at most `request_slots` slots, the other request admitted before its later choices."""
+    model, cases = setup
+    prompt, ref = cases[0][2][:12], cases[0][2][12 : 12 + MAX_NEW]  # a greedy continuation with clear margins
+    sampled = [SamplingParams(temperature=0.9, seed=7), SamplingParams(temperature=0.9, seed=8)]
+    choices = [None, None, *sampled]
+
+    def request(i, sampling, group=None):
+        return req(f"c{i}", prompt, MAX_NEW, lookahead if lookahead != "off" else None, sampling=sampling, group=group)
+
+    alone = {}
+    for i, sampling in enumerate(choices):
+        engine = Engine(model, EngineConfig(max_batch=4, max_seq_len=128, max_new_tokens=64))
+        engine.add_request(request(i, sampling))
+        alone[f"c{i}"] = _drain(engine)[f"c{i}"]
+    assert alone["c0"][: len(ref)] == ref
+
+    engine = Engine(model, EngineConfig(max_batch=4, max_seq_len=128, max_new_tokens=64, request_slots=3,
+                                        prefix_cache_tokens=0))
+    for i, sampling in enumerate(choices):
+        engine.add_request(request(i, sampling, group="g"))
+    engine.add_request(req("other", cases[1][0], MAX_NEW))
+    prefilled = []
+    original = engine.runner.prefill_jobs
+
+    def spy(jobs, every):
+        prefilled.extend((job.seq.seq_id, job.tokens, job.sibling) for job in jobs)
+        return original(jobs, every)
+
+    engine.runner.prefill_jobs = spy
+    out = _drain(engine)
+    assert {k: out[k] for k in alone} == alone and out["other"] == cases[1][1]
+    assert [sid for sid, _, _ in prefilled].index("other") < [sid for sid, _, _ in prefilled].index("c1")
+    assert prefilled[:4] == [("c0", len(prompt), None), ("other", len(cases[1][0]), None), ("c1", 1, 0), ("c2", 1, 0)]
+    # c3 waits for a slot (the request holds 3); it copies a choice still running, or prefills where all have ended
+    (c3, tokens, sibling), = prefilled[4:]
+    assert c3 == "c3" and (tokens, sibling is None) in ((1, False), (len(prompt), True))

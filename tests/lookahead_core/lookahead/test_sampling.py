@@ -152,3 +152,49 @@ def test_a_tiny_temperature_is_the_greedy_limit_not_nan():
 def test_invalid_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**{"temperature": 1.0, **kwargs})
+
+
+
+def test_top_p_on_a_flat_row_never_sorts_the_whole_vocabulary(monkeypatch):
+    """A flat row (a high temperature) with top_p 0.99 has most of the vocabulary in its nucleus:
+    its threshold is found without sorting (or topk-ing) more than 1,024 tokens of a row, and the
+    distribution is still HF's."""
+    def bounded(real, size):
+        def checked(t, *args, **kwargs):
+            assert size(t, *args, **kwargs) <= 1024, "sorted a whole row"
+            return real(t, *args, **kwargs)
+        return checked
+
+    def row(t, *args, **kwargs):
+        return t.shape[-1]
+
+    def k(t, k, *args, **kwargs):
+        return k
+
+    for owner in (torch, torch.Tensor):
+        monkeypatch.setattr(owner, "sort", bounded(owner.sort, row))
+        monkeypatch.setattr(owner, "argsort", bounded(owner.argsort, row))
+        monkeypatch.setattr(owner, "topk", bounded(owner.topk, k))
+    logits = torch.tensor(np.random.default_rng(2).normal(size=(2, 49152)) * 4)
+    ours = warp_rows(logits, SamplingParams(100.0, top_p=0.99))
+    monkeypatch.undo()
+    hf = torch.softmax(TopPLogitsWarper(0.99)(None, logits / 100.0), dim=-1)
+    assert 40000 < int((ours > 0).sum(-1).min())
+    assert torch.allclose(ours, hf, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["rounded logits", "one tie wider than 1024"])
+def test_top_p_with_ties_keeps_as_many_of_each_value_as_hf(kind):
+    """Ties at the threshold: as many tied tokens stay as in HF (which of them is its sort's
+    arbitrary order; here the lowest ids), so the sorted distributions agree."""
+    rng = np.random.default_rng(3)
+    if kind == "rounded logits":
+        logits = np.round(rng.normal(size=(3, 5000)) * 4) / 2
+    else:
+        logits = np.zeros((2, 5000))
+        logits[:, rng.permutation(5000)[:1000]] = 2.0
+    for top_p in (0.5, 0.9, 0.99):
+        hf = torch.softmax(TopPLogitsWarper(top_p)(None, torch.tensor(logits)), dim=-1)
+        ours = warp_rows(torch.tensor(logits), SamplingParams(1.0, top_p=top_p))
+        assert torch.equal((ours > 0).sum(-1), (hf > 0).sum(-1))
+        assert torch.allclose(ours.sort(-1).values, hf.sort(-1).values, atol=1e-12, rtol=0)

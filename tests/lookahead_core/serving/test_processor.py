@@ -472,3 +472,18 @@ def test_a_stop_string_then_a_failed_step_is_the_cut_text_without_figures(proc, 
         assert (summary.steps, summary.compression, summary.steps_by_kind, summary.mean_width) == (0, None, {}, None)
     finally:
         eng.shutdown()
+
+
+def test_a_requests_total_work_is_bounded_by_max_request_tokens(tiny, engine):
+    """n x (prompt + max_tokens) over `limits.max_request_tokens` is a 400 naming `n`, before any
+    choice reaches the engine; at the limit the request runs, its choices one group."""
+    proc = RequestProcessor(tiny[1], eos_token_ids=[1], limits=RequestLimits(max_request_tokens=3 * (4 + 8)),
+                            model_name="tiny")
+    prompt = (100, 101, 102, 32)
+    err = run(proc, ServeRequest(input_ids=prompt, max_new_tokens=9, n=3), engine)
+    assert isinstance(err, RequestError) and err.status == 400 and err.param == "n" and "39 tokens" in err.message
+    assert engine.queue_depth() == (0, 0)
+    items = run(proc, ServeRequest(input_ids=prompt, max_new_tokens=8, n=3, ignore_eos=True), engine)
+    assert sorted(c.index for c in items if isinstance(c, Completion)) == [0, 1, 2]
+    ereq = proc.engine_request(ServeRequest(input_ids=prompt, n=3), list(prompt), 8, 64, group="r")
+    assert ereq.group == "r" and ereq.max_new_tokens == 8

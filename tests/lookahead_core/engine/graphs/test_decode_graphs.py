@@ -13,6 +13,7 @@ import torch
 from lookahead_core.engine.graphs import decode_graphs as decode_graphs_module
 from lookahead_core.engine.graphs.buckets import Bucket
 from lookahead_core.engine.graphs.package_store import PackageStore
+from lookahead_core.engine.graphs.retries import Retries
 from lookahead_core.engine.host.status import graphs_status
 from lookahead_core.engine.runner.kv_cache import BatchKVCache
 from lookahead_core.engine.runner.model_runner import ModelRunner
@@ -242,6 +243,7 @@ _LOAD_AND_STEP = """
 import torch
 from lookahead_core.engine.graphs.buckets import Bucket
 from lookahead_core.engine.graphs.package_store import PackageStore
+from lookahead_core.engine.graphs.retries import Retries
 from lookahead_core.engine.host.status import graphs_status
 from lookahead_core.engine.runner.model_runner import ModelRunner
 from lookahead_core.models.random_models import build_random_model
@@ -291,3 +293,35 @@ def test_closing_the_graphs_ends_a_compile_under_way(model, tmp_path):
     runner.close()
     assert graphs.wait(30) and time.perf_counter() - t0 < 30
     assert not worker.is_alive() and not graphs.poll() and graphs.ready == set() and not graphs.failed
+
+
+def test_a_dropped_graph_is_checked_again_after_its_pause_and_returns(model, graph_store):
+    """A graph that raised once (memory pressure) runs again once it passes its check after a
+    pause; one that keeps raising after the last pause stays dropped."""
+    compiled = _runner(model, graph_store)
+    graphs = compiled.graphs
+    graphs.retries = Retries((0.0,))
+    good, calls = graphs.graphs[DECODE].run, []
+
+    def flaky(inputs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("out of memory")
+        return good(inputs)
+
+    graphs.graphs[DECODE].run = flaky
+    ref = _decode(_runner(model), 2, 3, 9)[0]
+    assert _decode(compiled, 2, 3, 9)[0] == ref and graphs.ready == {PREFILL} and DECODE in graphs.failed
+    compiled.sync_graphs()  # its pause has passed: checked against the eager forward, and ready
+    assert graphs.ready == {DECODE, PREFILL} and not graphs.failed
+    eager = compiled.eager_forwards
+    _decode(compiled, 2, 3, 9)
+    assert compiled.eager_forwards == eager  # the step ran in the graph
+
+    def broken(inputs):
+        raise RuntimeError("graph replay failed")
+
+    graphs.graphs[DECODE].run = broken
+    _decode(compiled, 2, 3, 9)
+    compiled.sync_graphs()
+    assert graphs.ready == {PREFILL} and graphs.retries.drops[DECODE] == 2 and graphs.retries.due(float("inf")) == []

@@ -209,3 +209,37 @@ def test_shutdown_ends_the_streams_it_leaves_open():
 
     asyncio.run(asyncio.wait_for(main(), 10))
     assert not front.alive
+
+
+def test_status_is_read_at_most_every_half_second_and_never_waits_past_its_timeout(monkeypatch):
+    """A flood of /health probes reads the engine's status once per `max_age_s`, all callers in
+    between sharing it; while the engine is busy past `timeout_s` the last read comes back with its age."""
+    from lookahead_core.engine.host import engine_loop
+
+    reads, hold = [], threading.Event()
+    real = engine_loop.engine_status
+
+    def counted(engine):
+        reads.append(time.monotonic())
+        hold.wait(10)  # a long step, where the test says
+        return real(engine)
+
+    monkeypatch.setattr(engine_loop, "engine_status", counted)
+    engine = AsyncEngine(Engine(build_random_model("llama"), EngineConfig(max_batch=2, max_new_tokens=8)))
+    try:
+        async def flood():
+            hold.set()
+            first = await asyncio.gather(*(engine.status() for _ in range(50)))
+            assert len(reads) == 1 and all(s is first[0] for s in first)
+            again = await engine.status()  # within max_age_s: the same read
+            assert again is first[0] and len(reads) == 1
+            hold.clear()
+            late = await engine.status(max_age_s=0.0, timeout_s=0.2)  # the engine is held: the last read, aged
+            assert late["age_s"] >= 0.2
+            assert {k: v for k, v in late.items() if k != "age_s"} == first[0] and len(reads) == 2
+            hold.set()
+
+        asyncio.run(flood())
+    finally:
+        hold.set()
+        engine.shutdown()

@@ -47,16 +47,19 @@ def test_prompts_sharing_a_system_prompt_reuse_it_and_decode_as_a_full_prefill_d
         for mode in (None, LookaheadParams(3, 2, 2)):
             assert _run(engine, f"{i}-{mode}", prompt, mode) == ref
     status = engine.runner.prefixes.status()
-    # the first prompt stored its prefix; every later one reused at least the 24 shared tokens
-    assert status["hits"] == 2 * len(prompts) - 1
+    # the first prompt was stored when it came again; every later one reused at least the 24 shared tokens
+    assert status["hits"] == 2 * len(prompts) - 2
     assert status["reused_tokens"] >= 24 * status["hits"]
     assert 0 < status["token_hit_rate"] < 1 and status["tokens"] <= 256
 
 
 def test_a_repeated_prompt_reuses_all_of_it_but_its_last_token(model):
+    """Seen once, a prompt is not copied; seen twice, it is, and the third time reuses it."""
     prompt = _prompts(1, 30, seed=5)[0]
     engine = Engine(model, EngineConfig(max_batch=1, prefill_chunk=8, max_new_tokens=64, prefix_cache_tokens=128))
     first = _run(engine, "a", prompt)
+    assert len(engine.runner.prefixes) == 0
+    assert _run(engine, "a2", prompt) == first and len(engine.runner.prefixes) == 1
     chunks = []  # the prefill forwards' lengths
     prefill = engine.runner.prefill
     engine.runner.prefill = lambda ids, *args, **kw: chunks.append(ids.shape[1]) or prefill(ids, *args, **kw)
@@ -71,6 +74,8 @@ def test_off_and_prompt_logprobs_prefill_in_full(model):
     assert off.runner.prefixes is None and _run(off, "a", prompt) == _run(off, "b", prompt)
     engine = Engine(model, EngineConfig(max_batch=1, max_new_tokens=64, prefix_cache_tokens=128))
     _run(engine, "a", prompt)
+    _run(engine, "a2", prompt)  # seen twice: stored
+    assert len(engine.runner.prefixes) == 1
     engine.add_request(req("echo", prompt, 2, prompt_logprobs=1))
     outs = []
     while engine.has_work():
@@ -79,18 +84,64 @@ def test_off_and_prompt_logprobs_prefill_in_full(model):
     assert engine.runner.prefixes.status()["hits"] == 0
 
 
-def test_entries_stay_within_their_token_budget_least_recently_used_out():
+def _kv_cache():
     cache = BatchKVCache(num_layers=2, max_batch=1, capacity=64)
     for layer in cache.slot_layers:
         layer.lazy_initialization(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+    return cache
+
+
+def test_a_prompt_seen_once_is_not_copied_seen_twice_it_is():
+    cache = _kv_cache()
+    store = PrefixCache(capacity_tokens=40, min_match=4)
+    prompt = list(range(10, 27))  # 17 tokens: not a multiple of min_match
+    cache.slot_layers[0].keys[0, :, :17] = torch.arange(17.0)[:, None]
+    store.store(prompt, cache, 0)
+    assert len(store) == 0 and store.tokens == 0 and store.load(prompt, cache, 0) == 0
+    store.store(prompt, cache, 0)
+    assert len(store) == 1 and store.tokens == 17
+    cache.slot_layers[0].keys.zero_()
+    assert store.load(prompt + [1], cache, 0) == 17
+    assert torch.equal(cache.slot_layers[0].keys[0, 0, :17, 0], torch.arange(17.0))
+    assert store.load(prompt[:16] + [1], cache, 0) == 16  # one token differs: the prefix before it
+    store.clear()
+    store.store(prompt, cache, 0)  # cleared: seen for the first time again
+    assert len(store) == 0
+
+
+def test_a_later_turn_replaces_the_entry_it_contains():
+    """Turn 2 starts with turn 1's prompt and turn 3 with turn 2's: each stores the part seen
+    before (at a multiple of min_match), and the longer entry replaces the one inside it, which
+    it serves as well."""
+    cache = _kv_cache()
+    store = PrefixCache(capacity_tokens=64, min_match=4)
+    turn1 = list(range(100, 122))  # 22 tokens
+    turn2 = turn1 + list(range(300, 310))  # 32
+    turn3 = turn2 + list(range(400, 408))  # 40
+    other = list(range(500, 512))
+    for prompt in (other, other, turn1, turn2):
+        store.store(prompt, cache, 0)
+    assert store.tokens == 12 + 20 and np.array_equal(store._entries[max(store._entries)].tokens, turn1[:20])
+    store.store(turn3, cache, 0)
+    assert len(store) == 2 and store.tokens == 12 + 32  # turn1[:20] went: turn3[:32] holds it
+    assert np.array_equal(store._entries[max(store._entries)].tokens, turn2)
+    assert store.load(turn1 + [1], cache, 0) == 22 and store.load(other + [1], cache, 0) == 12
+    store.store(turn1, cache, 0)  # inside an entry already: nothing new
+    assert len(store) == 2 and store.tokens == 44
+
+
+def test_entries_stay_within_their_token_budget_least_recently_used_out():
+    cache = _kv_cache()
     store = PrefixCache(capacity_tokens=40, min_match=4)
     a, b, c = list(range(10, 30)), list(range(100, 120)), list(range(200, 220))
-    for prompt in (a, b):
+    for prompt in (a, a, b, b):  # each stored the second time it is seen
         cache.slot_layers[0].keys[0, :, :20] = float(prompt[0])
         store.store(prompt, cache, 0)
     assert len(store) == 2 and store.tokens == 40
     store.store(a[:12], cache, 0)  # held already, inside `a`: nothing new, `a` becomes the most recent
     assert len(store) == 2
+    store.store(c, cache, 0)
+    assert len(store) == 2 and store.tokens == 40  # first sight: not copied
     store.store(c, cache, 0)  # room for it: `b`, the least recently used, goes
     assert store.tokens == 40 and store.load(b + [1], cache, 0) == 0
     cache.slot_layers[0].keys.zero_()

@@ -147,3 +147,24 @@ def test_a_batch_whose_graphs_were_timed_keeps_its_rows_plain_where_width_is_dea
     assert all(c.kind is StepKind.PLAIN for c in _plan(planner, timed, rows))
     sure = _draft([1.0, 1.0, 1.0], StepPacer(), full_start=9)  # 4 tokens from a step of 4
     assert _plan(planner, timed, [sure] + rows[:3])[0].kind is StepKind.VERIFY
+
+
+def _width(choice, full_width: int) -> int:
+    return {StepKind.PLAIN: 1, StepKind.FULL: full_width}.get(choice.kind, 1 + (choice.rows or 0))
+
+
+def test_a_fixed_rows_own_yield_does_not_pay_for_a_plain_rows_wait():
+    """A fixed (N, W, G) expecting 6 tokens from its 12-wide step (120 ms) beside a plain row: the
+    batch's mean (3.5 tokens a row) would fit a 50 ms SLO, but the plain row's user would wait
+    120 ms for its token. The plan's step keeps every row that yields one token within the SLO;
+    alone, the fixed row runs whole."""
+    slo = 50.0
+    prices = Prices(2, 0.0, lambda width: 1.0 + 0.05 * (width - 1), lambda width: 10.0 * width)
+    planner = StepPlanner(max_batch=2, slo_tpot_ms=slo)
+    fixed = _draft([1.0] * 4, pacer=None, full_tokens=6.0)  # 8 + 4 rows wide
+    choices = planner.plan([fixed, None], 0.0, prices)
+    width = max(_width(c, 12) for c in choices)
+    assert prices.estimate_ms(width) <= slo
+    assert choices[0].kind is StepKind.VERIFY and choices[1].kind is StepKind.PLAIN  # narrowed, not dropped
+    (alone,) = planner.plan([fixed], 0.0, prices)
+    assert alone.kind is StepKind.FULL and alone.rows == 4

@@ -92,3 +92,55 @@ def test_a_lookahead_sequence_builds_its_window_and_pool_from_the_prompt():
     seq = _seq("a", 6, LookaheadParams(3, 2, 2))
     assert seq.layout.max_tokens == 1 + 4 + 4 + 8 + 32 and seq.drafter.window.levels and seq.drafter.pool.lookup(1) == [(2, 3)]
     assert _seq("b", 6).layout.max_tokens == 1 and _seq("b", 6).drafter is None
+
+
+def _choice(group, i, n_prompt, **kwargs):
+    seq = Sequence.of(req(f"{group}-{i}", range(1, n_prompt + 1), 4, group=group, **kwargs), None,
+                      lambda p: StepLayout(p, torch.float32, "cpu"))
+    return seq
+
+
+def test_a_requests_choices_share_its_prefill_and_hold_at_most_request_slots():
+    s = Scheduler(max_batch=4, prefill_chunk=16, request_slots=2)
+    big = [_choice("big", i, 10) for i in range(4)]
+    for seq in big:
+        s.add(seq)
+    other = _seq("other", 3)
+    s.add(other)
+    out = s.schedule()
+    # the first choice prefills its prompt; the other request goes before the second choice, which
+    # copies the prompt from the first's slot, all but its last token
+    assert _jobs(out) == [(big[0], 0, 10, 0, True), (other, 0, 3, 0, True), (big[1], 9, 1, 9, True)]
+    assert [j.sibling for j in out.prefill] == [None, None, 0]
+    # the request holds its 2 slots: its other choices wait although a slot is free
+    assert s.running == [big[0], other, big[1]] and list(s.waiting) == big[2:] and s.free_slots() == 1
+    assert s.schedule().prefill == []
+    big[0].finish_reason = FinishReason.LENGTH
+    out = s.schedule()
+    assert [(j.seq, j.reused, j.sibling) for j in out.prefill] == [(big[2], 9, big[1].slot)]
+
+
+def test_a_new_request_is_admitted_before_another_requests_next_choice():
+    s = Scheduler(max_batch=8, prefill_chunk=4, request_slots=8)
+    big = [_choice("big", i, 6) for i in range(3)]
+    for seq in big:
+        s.add(seq)
+    s.schedule()  # big-0's first chunk
+    late = _seq("late", 2)
+    s.add(late)
+    out = s.schedule()  # big-0 completes; the late request goes before big-1 and big-2
+    assert [j.seq for j in out.prefill] == [big[0], late]
+    assert [j.seq for j in s.schedule().prefill] == [big[1], big[2]]
+
+
+def test_a_choice_that_wants_its_prompt_logprobs_prefills_its_own():
+    s = Scheduler(max_batch=4, prefill_chunk=32, request_slots=4)
+    a, b = _choice("g", 0, 5), _choice("g", 1, 5, prompt_logprobs=1)
+    s.add(a)
+    s.add(b)
+    assert [(j.seq, j.start, j.reused, j.sibling) for j in s.schedule().prefill] == [(a, 0, 0, None), (b, 0, 0, None)]
+    unshared = Scheduler(max_batch=4, prefill_chunk=32, share_prefill=False)
+    c, d = _choice("h", 0, 5), _choice("h", 1, 5)
+    unshared.add(c)
+    unshared.add(d)
+    assert [j.reused for j in unshared.schedule().prefill] == [0, 0]

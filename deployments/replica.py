@@ -17,7 +17,7 @@ from ray.serve import metrics
 
 from lookahead_core.engine.host.async_engine import AsyncEngine
 from lookahead_core.engine.host.engine_process import EngineProcess
-from lookahead_core.engine.host.status import rss_mb
+from lookahead_core.engine.host.status import health_status, rss_mb
 from lookahead_core.models.loading import cpu_capability, load_tokenizer, model_folder
 from lookahead_core.serving import Completion, Delta, RequestError, RequestProcessor, ServeRequest
 from lookahead_core.serving.outputs import REPLICA_TEXT_SOURCES
@@ -100,8 +100,7 @@ class ModelReplica:
         if self.async_engine.alive:
             with contextlib.suppress(RuntimeError, TimeoutError):  # stopped meanwhile (the error says why), or no read yet
                 engine = await self.async_engine.status()
-        failed = engine.get("compiled_decode", {}).get("failed", 0)
-        status = "failing" if error is not None else "degraded" if failed else "ok"
+        status = health_status(error, engine)
         if not detail:
             return {"status": status}
         running, waiting = self.async_engine.queue_depth()
@@ -112,7 +111,7 @@ class ModelReplica:
         return {
             "status": status,
             **({"error": error} if error is not None else {}),
-            **({"degraded": f"{failed} compiled graph(s) failed; their steps run eagerly"} if failed else {}),
+            **({"degraded": "compiled graphs failed; their steps run eagerly"} if status == "degraded" else {}),
             "model": self.args.model.served_name,
             "dtype": dtype,
             # float32 logits agree across step shapes to rounding, so a seed fixes the text but where a near-tie flips

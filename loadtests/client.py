@@ -149,8 +149,9 @@ def read_stream(out: Outcome, lines: Iterable[bytes | str], clock: Callable[[], 
 
 
 def read_openai_stream(out: Outcome, lines: Iterable[bytes | str], clock: Callable[[], float] = time.time) -> Outcome:
-    """Fill `out` from an OpenAI chat stream: a chunk with text is a token arrival, the usage chunk
-    is the summary and its completion tokens the count (a server may put several tokens in a chunk)."""
+    """Fill `out` from an OpenAI stream (chat's `delta.content`, completions' `text`): a chunk with
+    text is a token arrival, the usage chunk is the summary and its completion tokens the count (a
+    server may put several tokens in a chunk)."""
     chunks = 0
     for event in sse.events(lines):
         if event == sse.DONE:
@@ -158,7 +159,7 @@ def read_openai_stream(out: Outcome, lines: Iterable[bytes | str], clock: Callab
         if "error" in event:
             out.error = event["error"].get("message") or json.dumps(event["error"])
             break
-        if any((c.get("delta") or {}).get("content") for c in event.get("choices") or ()):
+        if any(c.get("text") or (c.get("delta") or {}).get("content") for c in event.get("choices") or ()):
             now = clock()
             out.first = now if out.first is None else out.first
             out.last = now

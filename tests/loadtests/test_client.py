@@ -14,6 +14,7 @@ from loadtests.client import (
     parse_mix,
     percentiles,
     prompt_cycle,
+    read_openai_stream,
     read_stream,
     route_for,
 )
@@ -85,3 +86,17 @@ def test_a_real_stream_and_a_refusal(server):
     assert 0 < out.ttft <= out.latency
     bad = generate(server, generate_body("x", chat=False, max_new_tokens=-1))
     assert bad.status == 422 and not bad.ok and "max_new_tokens" in bad.error, json.dumps(bad.error)
+
+
+def test_an_openai_stream_counts_chat_deltas_and_completion_texts_as_arrivals():
+    ticks = iter(range(100))
+    chat = [b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}',
+            b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}',
+            b'data: {"choices": [{"index": 0, "delta": {"content": " there"}}]}',
+            b'data: {"choices": [], "usage": {"completion_tokens": 3}}', b"data: [DONE]"]
+    out = read_openai_stream(Outcome(start=0), chat, clock=lambda: next(ticks))
+    assert out.first == 0 and out.last == 1 and out.tokens == 3 and out.error is None  # the role chunk has no text
+    completions = [b'data: {"choices": [{"index": 1, "text": "a"}]}', b'data: {"choices": [{"index": 0, "text": "b"}]}',
+                   b'data: {"choices": [], "usage": {"completion_tokens": 8}}', b"data: [DONE]"]
+    out = read_openai_stream(Outcome(start=0), completions, clock=lambda: next(ticks))
+    assert out.first is not None and out.tokens == 8 and out.error is None

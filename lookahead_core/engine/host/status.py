@@ -16,6 +16,14 @@ def rss_mb() -> float | None:
         return None
 
 
+def health_status(error: str | None, status: dict) -> str:
+    """The replica's status from its engine's health error and last status: "failing" (it cannot
+    step), "degraded" (a compiled graph failed: its steps run eagerly, slower) or "ok"."""
+    if error is not None:
+        return "failing"
+    return "degraded" if status.get("compiled_decode", {}).get("failed") else "ok"
+
+
 def step_time(engine: Engine) -> dict:
     """Mean milliseconds per engine step: in decode forwards, in prefill forwards, and on the host
     (planning, masks, verification: the rest of the step), over the engine's life."""

@@ -12,6 +12,7 @@ from lookahead_core.engine.config import EngineConfig
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.serving import RequestLimits
 
+from .option_bodies import logit_bias_schema, token_bias
 from .request_bodies import (
     ChatRequest,
     CompletionPrompt,
@@ -41,16 +42,49 @@ def _bound(base: type[M], **fields: Any) -> type[M]:
     return create_model(base.__name__, __base__=base, __doc__=base.__doc__, **retyped)
 
 
+def decimals_up_to(top: int) -> str:
+    """A regex of the decimal integers 0..top, without leading zeros: JSON Schema bounds an object's
+    keys (logit_bias' token ids) by a pattern alone."""
+    def digit(lo: int, hi: int) -> str:
+        return str(lo) if lo == hi else f"[{lo}-{hi}]"
+
+    def any_digits(count: int) -> str:
+        return "" if count == 0 else "[0-9]" if count == 1 else f"[0-9]{{{count}}}"
+
+    digits = str(top)
+    width = len(digits)
+    if width == 1:
+        return f"^{digit(0, top)}$"
+    alts = ["[0-9]"]  # shorter numbers, then those of `width` digits first below `top` at digit i, then `top`
+    if width > 2:
+        alts.append("[1-9][0-9]" + ("" if width == 3 else f"{{1,{width - 2}}}"))
+    for i, d in enumerate(digits):
+        lo = 1 if i == 0 else 0
+        if int(d) > lo:
+            alts.append(digits[:i] + digit(lo, int(d) - 1) + any_digits(width - i - 1))
+    alts.append(digits)
+    return f"^({'|'.join(alts)})$"
+
+
 def bounded_bodies(model_name: str, vocab_size: int, engine: EngineConfig, limits: RequestLimits) -> Bodies:
-    """Token ids within the vocabulary, token budgets within engine.max_new_tokens, (N, W, G) within
-    the engine's (EngineConfig.check_params), stop strings as RequestLimits allows; `model` lists the
-    one served id (any other is the route's 404, as OpenAI answers, so the schema only states it)."""
+    """Token ids within the vocabulary (input_ids, stop_token_ids, logit_bias' keys), token budgets within
+    engine.max_new_tokens, (N, W, G) within the engine's (EngineConfig.check_params), stop strings as
+    RequestLimits allows; `model` lists the one served id (any other is the route's 404, as OpenAI
+    answers, so the schema only states it)."""
     def within_engine(value):
         if isinstance(value, LookaheadParams):
             engine.check_params(value)
         return value
 
+    def biased_within_vocabulary(value):
+        largest = max((t for t, _ in token_bias(value or {})), default=-1)
+        if largest >= vocab_size:
+            raise ValueError(f"logit_bias names token {largest}, beyond the vocabulary (ids 0..{vocab_size - 1})")
+        return value
+
     token_id = Annotated[int, Field(ge=0, le=vocab_size - 1)]
+    logit_bias = Annotated[dict[str, float] | None, AfterValidator(biased_within_vocabulary),
+                           WithJsonSchema(logit_bias_schema(decimals_up_to(vocab_size - 1)))]
     budget = Annotated[int | None, Field(le=engine.max_new_tokens)]
     lookahead = Annotated[Lookahead, AfterValidator(within_engine),
                           WithJsonSchema(lookahead_schema({"n": engine.max_n, "w": engine.max_w, "g": engine.max_g}))]
@@ -61,10 +95,11 @@ def bounded_bodies(model_name: str, vocab_size: int, engine: EngineConfig, limit
     prompt = Annotated[CompletionPrompt[token_id], WithJsonSchema(completion_prompt_schema(token_id))]
     model = Annotated[str | None, WithJsonSchema({"anyOf": [{"type": "string", "enum": [model_name]}, {"type": "null"}],
                                                   "description": "the served model id (GET /v1/models)"})]
-    openai = {"model": model, "stop": openai_stop, "lookahead": lookahead, "max_tokens": budget}
+    tokens = {"stop_token_ids": list[token_id] | None, "logit_bias": logit_bias}
+    openai = {"model": model, "stop": openai_stop, "lookahead": lookahead, "max_tokens": budget, **tokens}
     return Bodies(
         generate=_bound(GenerateRequest, input_ids=list[token_id] | None, max_new_tokens=budget, stop=stop_list,
-                        lookahead=lookahead),
+                        lookahead=lookahead, **tokens),
         completion=_bound(CompletionRequest, **openai, prompt=prompt),
         chat=_bound(ChatRequest, **openai, max_completion_tokens=budget),
     )

@@ -9,7 +9,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 from fastapi import FastAPI
 from ray import serve
@@ -29,6 +29,20 @@ from .replica_engine import build_engine
 from .routes import Routes, api_app, guard_config
 
 log = logging.getLogger("ray.serve")
+
+# vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py), named as vLLM names them on
+# Ray (vllm/v1/metrics/ray_wrappers.py: ":" becomes "_", OpenTelemetry's instrument names, which Ray
+# exports through, having none), so Prometheus reads `ray_vllm_spec_decode_num_drafts_total` ... as
+# from a vLLM replica under Ray Serve.
+# A draft is a step that verified a candidate tree, its tokens the tree's rows, accepted the rows on
+# the accepted path; per position: accepted rows by depth (0: the first after the step's last token).
+SPEC_DECODE = "vllm_spec_decode_num_"
+SPEC_DECODE_TAGS = ("model_name", "engine")
+DRAFT_STEP_KINDS = ("verify", "full")  # StepKind names: the steps that carry a candidate tree
+
+
+def spec_decode_counter(name: str, description: str, *tags: str) -> metrics.Counter:
+    return metrics.Counter(SPEC_DECODE + name, description, tag_keys=(*SPEC_DECODE_TAGS, *tags))  # type: ignore[arg-type]
 
 
 class ModelReplica:
@@ -56,7 +70,12 @@ class ModelReplica:
             eos_token_ids=self.facts["eos_token_ids"],
             limits=limits.model_copy(update={"max_prompt_tokens": min(limits.max_prompt_tokens or max_prompt, max_prompt)}),
             model_name=m.served_name,
+            vocab_size=self.facts["vocab_size"],
         )
+        try:
+            self.processor.prepare_grammars()
+        except ValueError as exc:  # requests with a grammar are refused, naming their field
+            log.warning("no grammars for %s: %s", m.served_name, exc)
         self._metrics()
 
     def _metrics(self) -> None:
@@ -78,6 +97,15 @@ class ModelReplica:
             "(proposed: run in a step; accepted)", tag_keys=("source", "outcome"))  # type: ignore[arg-type]
         self.m_width = metrics.Histogram("lookahead_step_width", "a request's mean step rows fed to the model",
                                          boundaries=[1, 2, 4, 8, 16, 32, 64], tag_keys=tags)
+        self.spec_tags = {"model_name": self.args.model.served_name, "engine": "0"}  # one engine per replica
+        self.m_drafts = spec_decode_counter("drafts", "Number of spec decoding drafts: decode steps of finished requests "
+                                            "that verified a candidate tree.")
+        self.m_draft_tokens = spec_decode_counter("draft_tokens", "Number of draft tokens: candidate tree rows those steps "
+                                                  "verified.")
+        self.m_accepted_tokens = spec_decode_counter("accepted_tokens", "Number of accepted tokens: candidate tree rows on "
+                                                     "the accepted paths.")
+        self.m_accepted_per_pos = spec_decode_counter("accepted_tokens_per_pos", "Accepted tokens per draft position: by "
+                                                      "depth in the candidate tree, from 0.", "position")
 
     def check_health(self) -> None:
         """Serve calls this every health_check_period_s; an engine that cannot step (its thread
@@ -136,19 +164,29 @@ class ModelReplica:
     async def generate(self, req: ServeRequest) -> AsyncGenerator[Delta | Completion | RequestError, None]:
         """Stream a Delta per engine step, then the Completion; a refused or failed request ends
         with its RequestError (the only item when it is refused before its first token)."""
+        depths: list[int] = []  # accepted tree rows at each depth over the steps not yet counted
         try:
             async for item in self.processor.run(req, self.async_engine):
                 if isinstance(item, Delta) and item.token_ids:
-                    self.m_accepted.observe(len(item.token_ids), tags={"lookahead": req.mode})
+                    self._observe_step(len(item.token_ids), req.mode, depths)
                 elif isinstance(item, Completion):
-                    self._observe(item)
+                    self._observe(item, depths)
+                    depths = []
                     if not self.args.report_replica_sources:
                         item = item.without_sources(REPLICA_TEXT_SOURCES)
                 yield item
         except RequestError as err:
             yield err
 
-    def _observe(self, c: Completion) -> None:
+    def _observe_step(self, tokens: int, mode: str, depths: list[int]) -> None:
+        """One engine step's tokens: all but the last were tree rows, accepted at depths 0, 1, ...
+        (added to `depths`, counted with the request's other figures when it ends)."""
+        self.m_accepted.observe(tokens, tags={"lookahead": mode})
+        depths.extend([0] * (tokens - 1 - len(depths)))
+        for depth in range(tokens - 1):
+            depths[depth] += 1
+
+    def _observe(self, c: Completion, depths: Sequence[int] = ()) -> None:
         n_tok = c.usage.completion_tokens
         if c.lookahead.compression is not None:
             self.m_compression.observe(c.lookahead.compression, tags={"lookahead": c.lookahead.mode})
@@ -166,6 +204,15 @@ class ModelReplica:
                     self.m_candidate_rows.inc(rows, tags={"source": source, "outcome": outcome})
         if c.lookahead.mean_width is not None:
             self.m_width.observe(c.lookahead.mean_width, tags={"lookahead": c.lookahead.mode})
+        spec = ((self.m_drafts, sum(c.lookahead.steps_by_kind.get(k, 0) for k in DRAFT_STEP_KINDS)),
+                (self.m_draft_tokens, sum(v.get("proposed", 0) for v in c.lookahead.sources.values())),
+                (self.m_accepted_tokens, sum(v.get("accepted", 0) for v in c.lookahead.sources.values())))
+        for counter, n in spec:
+            if n:  # Ray's counters refuse 0
+                counter.inc(n, tags=self.spec_tags)
+        for depth, n in enumerate(depths):
+            if n:
+                self.m_accepted_per_pos.inc(n, tags={**self.spec_tags, "position": str(depth)})
 
     def __del__(self) -> None:
         engine = getattr(self, "async_engine", None)

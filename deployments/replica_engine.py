@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from lookahead_core.constraints.grammar import Grammars, grammar_tokenizer
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.generation import warm_up
 from lookahead_core.engine.runner.memory_plan import free_memory
@@ -26,15 +27,17 @@ def build_engine(args: AppArgs, warm_prompt: list[int]) -> tuple[Engine, dict[st
     plan = args.core_plan()
     core_plan = plan.apply()
     m = args.model
-    model, _ = load_model(resolve_path(m.path), gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
+    model, tokenizer = load_model(resolve_path(m.path), gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
                           attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
                           cache_dir=m.resolved_cache_dir(), chat_template=m.chat_template)
     dtype = str(model.dtype).removeprefix("torch.")
     log.warning("serving %s: dtype %s (asked: %s%s), device %s, %d torch threads", m.served_name, dtype,
                 m.dtype, dtype_reason(m.dtype, m.device), m.device, torch.get_num_threads())
     cfg = args.engine
-    engine = Engine(ModelRunner(model, max_layouts=cfg.layout_cache, threads=plan.step_threads(),
-                                weight_layout=cfg.weight_layout), cfg, free_bytes=free_memory(model.device))
+    runner = ModelRunner(model, max_layouts=cfg.layout_cache, threads=plan.step_threads(), weight_layout=cfg.weight_layout)
+    # a random model has no tokenizer: its requests cannot name a grammar
+    grammars = Grammars(grammar_tokenizer(tokenizer, runner.vocab_size), runner.vocab_size) if tokenizer is not None else None
+    engine = Engine(runner, cfg, free_bytes=free_memory(model.device), grammars=grammars)
     log.warning("%s; max_seq_len %d", engine.kv_plan.describe(), engine.max_seq_len)
     start = time.time()
     warm_up(engine, warm_prompt)

@@ -1,6 +1,7 @@
 """HTTP request bodies, native and OpenAI: pydantic checks their shapes (a 4xx before anything
 reaches a replica) and `to_request` turns each into the one ServeRequest, refusing with RequestError
-what shapes cannot say. deployments.bounded_bodies bounds them by the server's limits."""
+what shapes cannot say. deployments.bounded_bodies bounds them by the server's limits; their logits
+options and structured output are deployments.option_bodies'."""
 from __future__ import annotations
 
 import json
@@ -9,11 +10,14 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 from pydantic.config import JsonDict
 
+from lookahead_core.constraints.grammar import GrammarSpec
 from lookahead_core.engine.io import MAX_TOP_LOGPROBS
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.serving import Message, RequestError, ServeRequest
 from lookahead_core.serving.request import DEFAULT_MAX_NEW_TOKENS, MAX_CHOICES, PROMPT_FIELDS
+
+from .option_bodies import FORMAT_ALONE, GRAMMAR_ALONE, LogitsOptions, ResponseFormat, TokenId, ToolTurn, openai_grammars, tool_options
 
 
 def parse_lookahead(value):
@@ -51,10 +55,11 @@ Lookahead = Annotated[Literal["auto", "off"] | LookaheadParams, BeforeValidator(
                       WithJsonSchema(lookahead_schema())]
 
 
-class _Common(BaseModel):
-    """Fields every route shares. Sampling: temperature 0 or absent is greedy; top_k 0 and top_p 1
-    are off; in float32 a seed makes a request's text reproducible, in bf16 only for the same step
-    shapes (GET /health `seeded_text`; the bounds are SamplingParams')."""
+class _Common(LogitsOptions):
+    """Fields every route shares. Sampling: temperature 0 or absent is greedy; top_k 0, top_p 1 and
+    min_p 0 are off; in float32 a seed makes a request's text reproducible, in bf16 only for the same
+    step shapes (GET /health `seeded_text`; the bounds are SamplingParams'). The logits options,
+    stop_token_ids and structured_outputs: LogitsOptions."""
 
     lookahead: Lookahead = "auto"
     timeout_s: float | None = Field(
@@ -66,12 +71,14 @@ class _Common(BaseModel):
     seed: int | None = Field(None, description="fixes the sampled text in float32 whatever runs beside it; in bf16 "
                                                "only for the same step shapes (GET /health seeded_text)",
                              json_schema_extra={"minimum": 0})
+    min_p: float | None = Field(None, description="drop tokens less likely than min_p times the likeliest (sampling only)",
+                                json_schema_extra={"minimum": 0, "maximum": 1})
     # A refusal's status on this body's route: OpenAI's and vLLM's 400, FastAPI's 422 on /generate.
     REFUSAL_STATUS: ClassVar[int] = 400
     if TYPE_CHECKING:  # every route declares it, with its own default and bounds
         temperature: float | None
 
-    @field_validator("temperature", "top_k", "top_p", "seed", check_fields=False)
+    @field_validator("temperature", "top_k", "top_p", "seed", "min_p", check_fields=False)
     @classmethod
     def _sampling_field(cls, value, info):
         if value is not None:
@@ -79,7 +86,7 @@ class _Common(BaseModel):
         return value
 
     def sampling(self) -> SamplingParams | None:
-        params = SamplingParams(self.temperature or 0.0, self.top_k, self.top_p, self.seed)
+        params = SamplingParams(self.temperature or 0.0, self.top_k, self.top_p, self.seed, self.min_p or 0.0)
         return None if params.greedy else params
 
     def _check(self) -> None:
@@ -101,12 +108,11 @@ class _Common(BaseModel):
             raise RequestError(self.REFUSAL_STATUS, err.message, err.param, err.code, err.type) from None
 
 
-class ChatMessage(BaseModel):
-    """One chat turn; `content` is a string or a list of text parts, as the OpenAI API allows."""
+class ChatMessage(ToolTurn):
+    """One chat turn; `content` is a string or a list of text parts, as the OpenAI API allows, or null."""
 
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -123,21 +129,20 @@ class ChatMessage(BaseModel):
 
 
 def _messages(messages: list[ChatMessage] | None) -> tuple[Message, ...] | None:
-    return None if messages is None else tuple(Message(m.role, m.content) for m in messages)
+    return None if messages is None else tuple(Message(m.role, m.content, **m.tool_fields()) for m in messages)
 
 
 # The schema states the rules ServeRequest enforces on prompts, so that a body valid by the schema
 # is one the server serves (the fuzz test holds it to that): exactly one prompt field, none empty.
 # Server limits (token ids within the vocabulary, token budget, stop strings, model id) are
 # deployments.bounded_bodies'.
-TokenId = Annotated[int, Field(ge=0)]
 # `required` alone would let {"prompt": null} through: a given field is a non-null one.
 _ONE_PROMPT: JsonDict = {"oneOf": [{"required": [name], "properties": {name: {"not": {"type": "null"}}}}
                                    for name in PROMPT_FIELDS]}
 
 
 class GenerateRequest(_Common):
-    model_config = ConfigDict(extra="forbid", json_schema_extra=_ONE_PROMPT)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={**_ONE_PROMPT, "dependentSchemas": GRAMMAR_ALONE})
     REFUSAL_STATUS: ClassVar[int] = 422
     temperature: float | None = Field(None, json_schema_extra={"minimum": 0, "maximum": SamplingParams.MAX_TEMPERATURE})
     # minLength / minItems bind only strings / arrays, so they sit beside the null branch
@@ -156,19 +161,17 @@ class GenerateRequest(_Common):
         input_ids = None if self.input_ids is None else tuple(self.input_ids)
         return ServeRequest(prompt=self.prompt, input_ids=input_ids, messages=_messages(self.messages),
                             max_new_tokens=self.max_new_tokens, stop=tuple(self.stop), lookahead=self.lookahead,
-                            sampling=self.sampling(), timeout_s=self.timeout_s, ignore_eos=self.ignore_eos)
+                            sampling=self.sampling(), timeout_s=self.timeout_s, ignore_eos=self.ignore_eos,
+                            **self.options())
 
 
 # OpenAI request fields this server does not implement, each with its one "not used" value
 # besides null, false and empty. Any other value is refused with 400 naming the field: a client
-# must never believe it got tools, penalties or a format it did not get. (`user` only identifies the
+# must never believe it got functions or a prediction it did not get. (`user` only identifies the
 # end user: it is a declared field, accepted and ignored. Other fields nobody declared are ignored, as in vLLM.)
 UNSUPPORTED: dict[str, object] = {
-    "tools": None, "tool_choice": "none", "functions": None, "function_call": "none",
-    "response_format": {"type": "text"}, "logit_bias": None, "best_of": 1, "suffix": None,
-    "presence_penalty": 0, "frequency_penalty": 0, "audio": None, "modalities": ["text"], "prediction": None,
-    # vLLM's sampling extensions, which clients written for vLLM send
-    "repetition_penalty": 1.0, "min_p": 0, "min_tokens": 0, "stop_token_ids": None,
+    "functions": None, "function_call": "none",  # OpenAI's deprecated forms of tools
+    "best_of": 1, "suffix": None, "audio": None, "modalities": ["text"], "prediction": None,
 }
 
 
@@ -199,6 +202,7 @@ class _OpenAIRequest(_Common):
     temperature: float | None = Field(1.0, le=2, json_schema_extra={"minimum": 0})
     ignore_eos: bool = False
     user: str | None = None  # an end-user identifier: accepted and ignored
+    response_format: ResponseFormat | None = Field(None, description="text, any JSON object, or JSON matching a schema")
 
     _unsupported: ClassVar[dict[str, object]] = UNSUPPORTED
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="independent choices (a seed gives choice i seed + i)")
@@ -212,6 +216,9 @@ class _OpenAIRequest(_Common):
         if self.stream_options is not None and not self.stream:
             raise RequestError(400, "`stream_options` is only allowed when `stream` is true", "stream_options")
 
+    def _grammars(self) -> dict[str, GrammarSpec]:
+        return {**openai_grammars(self.response_format, self.model_extra or {}), **super()._grammars()}
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -220,11 +227,11 @@ class _OpenAIRequest(_Common):
     def continuous_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
-    def _openai_request(self, token_limit: int | None, logprobs: int | None, echo: bool = False, **prompt) -> ServeRequest:
+    def _openai_request(self, token_limit: int | None, logprobs: int | None, echo: bool = False, **given) -> ServeRequest:
         stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        return ServeRequest(**prompt, max_new_tokens=token_limit, stop=stop, lookahead=self.lookahead,
+        return ServeRequest(**given, max_new_tokens=token_limit, stop=stop, lookahead=self.lookahead,
                             sampling=self.sampling(), timeout_s=self.timeout_s, ignore_eos=self.ignore_eos,
-                            logprobs=logprobs, echo=echo, n=self.n)
+                            logprobs=logprobs, echo=echo, n=self.n, **self.options())
 
 
 _Id = TypeVar("_Id")
@@ -248,7 +255,8 @@ _NEEDS_LOGPROBS: JsonDict = {"top_logprobs": {"required": ["logprobs"], "propert
 class CompletionRequest(_OpenAIRequest):
     """`prompt`: a string, token ids, or a list of one of either (one prompt per request)."""
 
-    model_config = ConfigDict(json_schema_extra={"dependentSchemas": _NEEDS_STREAM})
+    model_config = ConfigDict(json_schema_extra={"dependentSchemas": {**_NEEDS_STREAM, **GRAMMAR_ALONE, **FORMAT_ALONE}})
+    _unsupported: ClassVar[dict[str, object]] = {**UNSUPPORTED, "tools": None, "tool_choice": "none"}  # a chat's alone
     prompt: Annotated[CompletionPrompt[TokenId], WithJsonSchema(completion_prompt_schema(TokenId))]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=5, description="log-probabilities of each token and this many alternatives")
@@ -265,7 +273,8 @@ class CompletionRequest(_OpenAIRequest):
 
 
 class ChatRequest(_OpenAIRequest):
-    model_config = ConfigDict(json_schema_extra={"dependentSchemas": {**_NEEDS_STREAM, **_NEEDS_LOGPROBS}})
+    model_config = ConfigDict(json_schema_extra={"dependentSchemas": {**_NEEDS_STREAM, **_NEEDS_LOGPROBS, **GRAMMAR_ALONE,
+                                                                      **FORMAT_ALONE}})
     _unsupported: ClassVar[dict[str, object]] = {**UNSUPPORTED, "echo": None}
     messages: list[ChatMessage] = Field(json_schema_extra={"minItems": 1})
     max_tokens: int | None = Field(None, ge=1, description="deprecated by OpenAI: `max_completion_tokens`")
@@ -281,4 +290,4 @@ class ChatRequest(_OpenAIRequest):
     def _serve_request(self) -> ServeRequest:
         limit = self.max_completion_tokens or self.max_tokens  # None: the server's default
         return self._openai_request(limit, (self.top_logprobs or 0) if self.logprobs else None,
-                                    messages=_messages(self.messages))
+                                    messages=_messages(self.messages), **tool_options(self.model_extra or {}))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from lookahead_core.serving import Completion, Logprob, RequestError, Usage
+from lookahead_core.serving.outputs import ToolCall
+from lookahead_core.serving.tool_calls import finish_reason
 
 
 def generate_body(c: Completion, stream: bool = False) -> dict:
@@ -21,6 +23,11 @@ def error_body(err: RequestError) -> dict:
 
 # How a finish reason reads in OpenAI's vocabulary (the one place): a timeout is a cut like length.
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "abort": "abort"}
+
+
+def openai_finish(c: Completion) -> str:
+    """A choice's finish reason as OpenAI names it: "tool_calls" where it made calls and ended itself."""
+    return finish_reason(c.tool_calls, OPENAI_FINISH[c.finish_reason])
 
 
 def usage(u: Usage) -> dict:
@@ -57,12 +64,19 @@ def _logprobs(lps: tuple[Logprob, ...] | None, chat: bool, offset: int = 0) -> d
     return chat_logprobs(lps) if chat else completion_logprobs(lps, offset)
 
 
+def chat_message(c: Completion) -> dict:
+    """The assistant's message: its content (None where it made calls and wrote nothing else) and calls."""
+    if not c.tool_calls:
+        return {"role": "assistant", "content": c.text}
+    return {"role": "assistant", "content": c.text or None, "tool_calls": [call.openai() for call in c.tool_calls]}
+
+
 def openai_body(head: dict, completions: list[Completion], chat: bool) -> dict:
     """The whole response: one choice per Completion (n of them), usage over all."""
     choices = []
     for c in sorted(completions, key=lambda c: c.index):
-        choice = {"index": c.index, "logprobs": _logprobs(c.logprobs, chat), "finish_reason": OPENAI_FINISH[c.finish_reason]}
-        choice.update({"message": {"role": "assistant", "content": c.text}} if chat else {"text": c.text})
+        choice = {"index": c.index, "logprobs": _logprobs(c.logprobs, chat), "finish_reason": openai_finish(c)}
+        choice.update({"message": chat_message(c)} if chat else {"text": c.text})
         choices.append(choice)
     kind = "chat.completion" if chat else "text_completion"
     return {**head, "object": kind, "choices": choices, "usage": usage(total_usage([c.usage for c in completions])),
@@ -70,12 +84,15 @@ def openai_body(head: dict, completions: list[Completion], chat: bool) -> dict:
 
 
 def openai_chunk(head: dict, chat: bool, text: str | None = None, finish: str | None = None, role: bool = False,
-                 index: int = 0, logprobs: tuple[Logprob, ...] | None = None, offset: int = 0) -> dict:
+                 index: int = 0, logprobs: tuple[Logprob, ...] | None = None, offset: int = 0,
+                 tool_calls: tuple[ToolCall, ...] = ()) -> dict:
     """One streamed chunk of choice `index`: a role announcement, a text delta (with its tokens'
-    logprobs), or the finish (OpenAI's reason given)."""
+    logprobs) and the calls it completed, each whole, or the finish (OpenAI's reason given)."""
     lps = _logprobs(logprobs, chat, offset)
     if chat:
-        delta = {"role": "assistant"} if role else ({} if text is None else {"content": text})
+        calls = {"tool_calls": [call.delta() for call in tool_calls]} if tool_calls else {}
+        content = {} if text is None or (calls and not text) else {"content": text}
+        delta = {"role": "assistant"} if role else {**content, **calls}
         choice = {"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}
         return {**head, "object": "chat.completion.chunk", "choices": [choice]}
     choice = {"index": index, "text": text or "", "logprobs": lps, "finish_reason": finish}

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from lookahead_core.serving import Completion, Delta, RequestError, Usage, sse
 
-from .response_bodies import OPENAI_FINISH, error_body, generate_body, openai_chunk, openai_usage_chunk, total_usage, usage
+from .response_bodies import error_body, generate_body, openai_chunk, openai_finish, openai_usage_chunk, total_usage, usage
 
 
 def stream_error(err: RequestError) -> bytes:
@@ -59,10 +59,10 @@ async def openai_events(items, head: dict, chat: bool, include_usage: bool, n: i
             so_far[item.index] = item.usage
         if isinstance(item, Completion):
             done.append(item)
-            yield event(openai_chunk(head, chat, finish=OPENAI_FINISH[item.finish_reason], index=item.index))
-        elif item.text or item.logprobs:
+            yield event(openai_chunk(head, chat, finish=openai_finish(item), index=item.index))
+        elif item.text or item.logprobs or item.tool_calls:
             yield event(openai_chunk(head, chat, text=item.text, index=item.index, logprobs=item.logprobs,
-                                     offset=offsets[item.index]))
+                                     offset=offsets[item.index], tool_calls=item.tool_calls))
             offsets[item.index] += sum(len(lp.token) for lp in item.logprobs or ())
     if include_usage and done:
         yield sse.encode(openai_usage_chunk(head, chat, total_usage([c.usage for c in done])))

@@ -5,12 +5,11 @@ import socket
 import pytest
 import requests
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from deployments.ray_env import haproxy_ports, prepare
 from lookahead_core.models.random_models import build_random_model
 from tests.fixtures import wait_until
+from tests.lookahead_core.helpers import char_tokenizer
 
 # Ray reads its environment where it starts, and Serve its flags where it is imported: before either.
 # With it, this user's private folder for Ray's sessions and HAProxy's files (deployments/ray_env.py).
@@ -38,11 +37,7 @@ def tiny_model_dir(tmp_path_factory):
     model = build_random_model("llama", vocab_size=128)
     model.generation_config.eos_token_id = 1
     model.save_pretrained(path)
-    vocab = {chr(i): i for i in range(32, 127)}
-    vocab.update({"<unk>": 0, "</s>": 1, "\n": 10})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>").save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
     return path
 
 

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import torch
 
+from lookahead_core.constraints.grammar import Grammars
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.graphs.package_store import PackageStore
 from lookahead_core.engine.io import EngineRequest, StepOutput
@@ -37,8 +38,9 @@ class Engine:
     """
 
     def __init__(self, model: torch.nn.Module | ModelRunner, config: EngineConfig | None = None,
-                 free_bytes: int | None = None) -> None:
+                 free_bytes: int | None = None, grammars: Grammars | None = None) -> None:
         self.config = cfg = config or EngineConfig()
+        self.grammars = grammars  # None: requests with a grammar are refused
         self.runner = r = model if isinstance(model, ModelRunner) else ModelRunner(
             model, max_layouts=cfg.layout_cache, weight_layout=cfg.weight_layout)
         r.costs.prior_slope = cfg.cost_prior_slope
@@ -92,12 +94,15 @@ class Engine:
             raise ValueError(f"prompt of {len(req.prompt)} tokens plus max_new_tokens={new} exceeds this engine's "
                              f"limit of {self.max_seq_len} tokens")
         self.runner.check_tokens(req.prompt, max(req.logprobs or 0, req.prompt_logprobs or 0))
+        if req.rules is not None and req.rules.max_token >= self.runner.vocab_size:
+            raise ValueError(f"logit_bias names token {req.rules.max_token}, beyond the vocabulary of "
+                             f"{self.runner.vocab_size} tokens")
         # Requests that will get a free slot at the next step are not "waiting"; a burst that
         # arrives between two steps must not be refused while slots are free.
         sched = self.scheduler
         if len(sched.waiting) >= self.config.max_waiting + max(sched.free_slots(), 0):
             raise EngineOverloaded(f"{len(sched.waiting)} requests are already waiting for a slot")
-        seq = Sequence.of(req, params, self.runner.layout, self.knowledge)
+        seq = Sequence.of(req, params, self.runner.layout, self.knowledge, self.grammars, self.runner.vocab_size)
         self._seqs[req.request_id] = seq
         sched.add(seq)
 
@@ -208,7 +213,8 @@ class Engine:
         prices = self.runner.costs.prices(planner.batch(len(running) + behind))
         price = planner.row_price(prices)
         due = planner.drafts_due(len(running) + behind)
-        drafts = [seq.drafter.draft(seq.tokens, price) if seq.drafter is not None and due else None for seq in running]
+        drafts = [seq.drafter.draft(seq.tokens, price, seq.shaper.grammar if seq.shaper is not None else None)
+                  if seq.drafter is not None and due else None for seq in running]
         choices = planner.plan(drafts, price, prices)
         spans = [plain_span(seq.layout) if seq.drafter is None or draft is None
                  else seq.drafter.write(draft, choice, seq.tokens[-1])

@@ -9,6 +9,8 @@ from typing import Literal
 
 import torch
 
+from lookahead_core.constraints.grammar import GrammarSpec
+from lookahead_core.constraints.logit_rules import LogitRules
 from lookahead_core.lookahead.pacing import StepKind
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
@@ -36,7 +38,8 @@ class EngineRequest:
     sampling: None or temperature 0 is greedy. logprobs / prompt_logprobs: report each new / prompt
     token's log-probability with that many most likely alternatives (None: not at all). group: the
     served request this is one choice of (its `n` choices share one prompt): choices of one group
-    share its prefill and hold at most the engine's `request_slots` slots at once.
+    share its prefill and hold at most the engine's `request_slots` slots at once. rules: penalties,
+    logit bias, min_tokens (None: none). grammar: what the output must match (None: anything).
     """
 
     request_id: str | int
@@ -47,6 +50,8 @@ class EngineRequest:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     group: str | int | None = None
+    rules: LogitRules | None = None
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         prompt = self.prompt
@@ -61,6 +66,10 @@ class EngineRequest:
         check_sampling(self.sampling)
         check_top("logprobs", self.logprobs)
         check_top("prompt_logprobs", self.prompt_logprobs)
+        if self.rules is not None and not isinstance(self.rules, LogitRules):
+            raise TypeError(f"rules must be LogitRules or None, got {type(self.rules).__name__}")
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise TypeError(f"grammar must be a GrammarSpec or None, got {type(self.grammar).__name__}")
 
     @property
     def max_new_tokens(self) -> int:

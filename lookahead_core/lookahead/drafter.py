@@ -8,6 +8,7 @@ from functools import partial
 import numpy as np
 import torch
 
+from lookahead_core.constraints.grammar import GrammarState
 from lookahead_core.lookahead.history import SuffixIndex
 from lookahead_core.lookahead.knowledge import ROW_DEPTHS, ReplicaKnowledge
 from lookahead_core.lookahead.layout import StepLayout
@@ -20,6 +21,7 @@ from lookahead_core.lookahead.verify import Verdict
 from lookahead_core.lookahead.window import LookaheadWindow
 
 OWN_WEIGHT = 16.0  # proposals after which a request's own acceptance counts as much as the replica's
+FORCED_RUN = 16  # at most this many tokens of a grammar's forced text are proposed at once
 
 
 @dataclass(frozen=True)
@@ -119,19 +121,24 @@ class Drafter:
         k = OWN_WEIGHT
         return (self._node_accepted + k * self.successors.rates(self.sampled)) / (self._node_proposed + k)
 
-    def draft(self, tokens: list[int], row_price: float = 0.0) -> Draft:
+    def draft(self, tokens: list[int], row_price: float = 0.0, grammar: GrammarState | None = None) -> Draft:
         """This step's candidates after `tokens`; successor nodes accepted less often than
-        `row_price` (the planner's price of one more row, in one-token steps) are not built."""
+        `row_price` (the planner's price of one more row, in one-token steps) are not built. Under
+        a `grammar` (its state after `tokens`), the text it forces comes first and every candidate
+        is cut where the grammar refuses it."""
         lay, last, params = self.layout, tokens[-1], self.params
         cands: list[tuple[int, ...]] = []
         sources: list[Source] = []
+        if grammar is not None and (forced := grammar.forced_run(FORCED_RUN)):
+            cands.append(tuple(forced))
+            sources.append(Source.GRAMMAR)
         for src, index in ((Source.LOOKUP, self.suffix), (Source.HISTORY, self.history)):
             if index is not None and (copied := index.propose(tokens, params.lookup)):
                 cands.append(copied)  # one copied run: the request's own text first, else the replica's
                 sources.append(src)
                 break
         g = len(cands) + lay.g
-        copied_run = bool(cands)
+        copied_run = Source.LOOKUP in sources or Source.HISTORY in sources
         cands.extend(self.pool.lookup(last)[: lay.g])
         sources += [Source.POOL] * (len(cands) - len(sources))
         if self.shared is not None and len(cands) < g:
@@ -144,6 +151,8 @@ class Drafter:
             cands += succ
             sources += [Source.SUCCESSORS] * len(succ)
             tags += nodes
+        if grammar is not None:
+            cands = [cand[: grammar.valid_prefix(cand)] for cand in cands]
         self.tree.build(cands, sources=sources, tags=tags)
         p = self._row_odds()
         order = np.argsort(-p, kind="stable")  # a child never outranks its parent: no likelier, after it on ties

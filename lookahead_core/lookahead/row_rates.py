@@ -8,7 +8,7 @@ from lookahead_core.lookahead.tree import Source
 # Prior acceptance of a row at depth 1 and its decay per level, by source: guesses that put every
 # source within reach of a step's first rows so each gets measured; the counts take over quickly.
 PRIOR = {Source.LOOKUP: (0.5, 0.85), Source.POOL: (0.2, 0.6), Source.SHARED: (0.15, 0.6),
-         Source.SUCCESSORS: (0.3, 0.4), Source.HISTORY: (0.35, 0.8)}
+         Source.SUCCESSORS: (0.3, 0.4), Source.HISTORY: (0.35, 0.8), Source.GRAMMAR: (0.9, 0.95)}
 
 
 class RowRates:

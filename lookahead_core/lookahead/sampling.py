@@ -20,13 +20,15 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 (or None) is greedy decoding; top_k 0 and top_p 1 switch those filters off.
+    """temperature 0 (or None) is greedy decoding; top_k 0, top_p 1 and min_p 0 switch those filters
+    off (min_p: tokens less likely than min_p times the likeliest go, after top-p, as HF orders it).
     A seed makes the request's text reproducible; without one a random seed is drawn per request."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0
 
     MAX_TEMPERATURE = 100.0
 
@@ -39,6 +41,9 @@ class SamplingParams:
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        m = self.min_p
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {m!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
 
@@ -74,7 +79,7 @@ TOP_P_PREFIX = 1024
 
 
 def warp_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities after temperature, then top-k, then top-p (the order of HF's warpers), for rows
+    """Probabilities after temperature, then top-k, top-p and min-p (the order of HF's warpers), for rows
     [R, V] on the logits' device, in float64."""
     z = logits.double()
     # The row's maximum first: any positive temperature, however small, then leaves the likeliest
@@ -86,6 +91,9 @@ def warp_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     p = torch.softmax(z, dim=-1)
     if params.top_p < 1.0:
         p = _top_p(p, params.top_p)
+    if params.min_p > 0.0:
+        p = p.masked_fill(p < params.min_p * p.amax(dim=-1, keepdim=True), 0.0)
+        p = p / p.sum(-1, keepdim=True)
     return p
 
 

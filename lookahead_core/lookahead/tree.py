@@ -15,6 +15,7 @@ class Source(enum.IntEnum):
     SHARED = 2  # the replica's n-grams of finished requests
     SUCCESSORS = 3  # the replica's table of the model's top-k after each token
     HISTORY = 4  # finished requests' text after the longest match of the request's suffix
+    GRAMMAR = 5  # the text the request's grammar forces next
 
 
 SOURCE_NAMES = tuple(s.name.lower() for s in Source)  # as reported, in `Source` order

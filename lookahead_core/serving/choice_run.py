@@ -10,9 +10,10 @@ from lookahead_core.engine.host.async_engine import EngineStopped, RequestTimeou
 from lookahead_core.engine.io import EngineRequest, SequenceStats, StepOutput, TokenLogprob
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.stopping import FinishReason
-from lookahead_core.serving.outputs import Completion, Delta, Logprob, LookaheadSummary, RequestError, Timings, Usage
+from lookahead_core.serving.outputs import Completion, Delta, Logprob, LookaheadSummary, RequestError, Timings, ToolCall, Usage
 from lookahead_core.serving.request import ServeRequest
 from lookahead_core.serving.text_stream import TextStream
+from lookahead_core.serving.tool_calls import ToolCallStream
 
 Failure = tuple[tuple[type[Exception], ...], int, Callable[[Exception], str], "str | None", "str | None"]
 # What the engine raises, as the client hears it, the first match in order: (status, message, code, type).
@@ -30,7 +31,9 @@ FAILURES: tuple[type[Exception], ...] = (RequestTimeout, *(t for kinds, *_ in EN
 
 class ChoiceRun:
     """Choice `index` of `req` (its engine request `ereq`, run with `params`, `timeout_s`): each
-    output's tokens become text through its stop strings; `hit` once one matched."""
+    output's tokens become text through its stop strings; `hit` once one matched. Where the request
+    offers tools, the text becomes content and calls (`ToolCallStream`): the one reading of both the
+    streamed and the whole answer."""
 
     def __init__(self, req: ServeRequest, ereq: EngineRequest, params: LookaheadParams | None, prompt: list[int],
                  index: int, timeout_s: float | None, text: TextStream, token_text: Callable[[int], str],
@@ -46,6 +49,17 @@ class ChoiceRun:
         self.ttft: float | None = None
         self.hit = False
         self._first = True
+        self.tool_stream = ToolCallStream(req.tool_choice, req.tools) if req.tool_choice.mode != "none" else None
+        self.content: list[str] = []  # with tools: the text outside the calls
+
+    def _read(self, text: str, end: bool = False) -> tuple[str, tuple[ToolCall, ...]]:
+        """A text delta as content and the calls it completed (`end`: the output's last)."""
+        if self.tool_stream is None:
+            return text, ()
+        events = self.tool_stream.feed(text) + (self.tool_stream.finish() if end else [])
+        content = "".join(e for e in events if isinstance(e, str))
+        self.content.append(content)
+        return content, tuple(e for e in events if isinstance(e, ToolCall))
 
     def _usage(self) -> Usage:
         return Usage(len(self.prompt), len(self.tokens))
@@ -78,7 +92,8 @@ class ChoiceRun:
                 self.logprobs.extend(lps)
             if self.hit:
                 self.reason = FinishReason.STOP
-            deltas.append(Delta(tuple(step_tokens), delta, self.index, lps, self._usage()))
+            content, calls = self._read(delta)
+            deltas.append(Delta(tuple(step_tokens), content, self.index, lps, self._usage(), calls))
         if out.finish_reason is not None and not self.hit:
             self.reason, self.stats = out.finish_reason, out.stats
         return deltas
@@ -102,14 +117,14 @@ class ChoiceRun:
         raise exc
 
     def tail(self) -> list[Delta]:
-        """Text held back to the end (a possible stop string's start), as a last delta."""
-        tail = self.text.flush()
-        return [Delta((), tail, self.index, None, self._usage())] if tail else []
+        """Text held back to the end (a possible stop string's start, a call not yet closed), as a last delta."""
+        content, calls = self._read(self.text.flush(), end=True)
+        return [Delta((), content, self.index, None, self._usage(), calls)] if content or calls else []
 
     def completion(self) -> Completion:
         total = time.perf_counter() - self.t0
         return Completion(
-            text=self.echoed + self.text.text,
+            text=self.echoed + (self.text.text if self.tool_stream is None else "".join(self.content)),
             token_ids=tuple(self.tokens),
             finish_reason=self.reason if self.reason is not None else FinishReason.ABORT,
             usage=self._usage(),
@@ -117,4 +132,5 @@ class ChoiceRun:
             timings=Timings(round(1000 * (self.ttft if self.ttft is not None else total), 2), round(1000 * total, 2)),
             index=self.index,
             logprobs=None if self.logprobs is None else tuple(self.logprobs),
+            tool_calls=() if self.tool_stream is None else tuple(self.tool_stream.calls),
         )

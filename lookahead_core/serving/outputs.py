@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from lookahead_core.engine.io import SequenceStats
 from lookahead_core.lookahead.params import LookaheadParams
@@ -36,17 +37,37 @@ class Logprob:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One call the model made, the `index`-th of its choice; `arguments`: the compact JSON text of an object."""
+
+    name: str
+    arguments: str
+    index: int = 0
+    id: str = field(default_factory=lambda: "call_" + secrets.token_hex(12))  # as OpenAI's look
+
+    def openai(self) -> dict[str, Any]:
+        """As in a message's `tool_calls`."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    def delta(self) -> dict[str, Any]:
+        """As in a chat chunk's `delta.tool_calls`: the whole call in one piece."""
+        return {"index": self.index, **self.openai()}
+
+
+@dataclass(frozen=True)
 class Delta:
     """One engine step's accepted tokens and the text they settled (possibly empty: held back).
 
     `index` is the choice it belongs to (a request with n > 1); `logprobs` has one entry per
-    token when the request asked. With echo, the first Delta of a choice is the prompt itself."""
+    token when the request asked. With echo, the first Delta of a choice is the prompt itself.
+    With tools, `text` is the content and `tool_calls` the calls the step completed."""
 
     token_ids: tuple[int, ...]
     text: str
     index: int = 0
     logprobs: tuple[Logprob, ...] | None = None
     usage: Usage | None = None  # of this choice so far
+    tool_calls: tuple[ToolCall, ...] = ()
 
     def to_dict(self) -> dict:
         out: dict[str, object] = {"token_ids": list(self.token_ids), "text": self.text}
@@ -103,7 +124,8 @@ class Timings:
 
 @dataclass(frozen=True)
 class Completion:
-    """The final item of a request: the whole text (stop string cut off) and how it ended."""
+    """The final item of a request: the whole text (stop string cut off) and how it ended; with tools, the content
+    outside the calls and the calls."""
 
     text: str
     token_ids: tuple[int, ...]
@@ -113,6 +135,7 @@ class Completion:
     timings: Timings
     index: int = 0
     logprobs: tuple[Logprob, ...] | None = None  # of `text`'s tokens (with echo: the prompt's first)
+    tool_calls: tuple[ToolCall, ...] = ()
 
     def without_sources(self, sources: Collection[str]) -> Completion:
         return dataclasses.replace(self, lookahead=self.lookahead.without(sources))
@@ -121,7 +144,7 @@ class Completion:
         out = asdict(self)
         out["token_ids"] = list(self.token_ids)
         out["finish_reason"] = str(self.finish_reason)
-        del out["logprobs"], out["index"]
+        del out["logprobs"], out["index"], out["tool_calls"]  # /generate takes no tools
         return out
 
 

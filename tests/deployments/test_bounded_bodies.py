@@ -1,9 +1,11 @@
 """Bodies bounded by the server's limits: validation enforces each limit and the JSON schema
 (what FastAPI serves) states it, from the one field constraint. No Ray needed."""
+import re
+
 import pytest
 from pydantic import ValidationError
 
-from deployments.bounded_bodies import bounded_bodies
+from deployments.bounded_bodies import bounded_bodies, decimals_up_to
 from deployments.request_bodies import ChatRequest, GenerateRequest
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.serving import RequestLimits
@@ -40,6 +42,22 @@ def test_the_schema_states_the_limits():
     assert gen["stop"]["maxItems"] == 2 and gen["stop"]["items"] == {"type": "string", "minLength": 1, "maxLength": 8}
     assert chat["stop"]["anyOf"][0] == {"type": "string", "minLength": 1, "maxLength": 8}
     assert chat["model"]["anyOf"][0] == {"type": "string", "enum": ["tiny"]}
+    for body in (gen, completion, chat):  # token ids the request names, within the vocabulary
+        assert body["stop_token_ids"]["anyOf"][0]["items"] == {"type": "integer", "minimum": 0, "maximum": 127}
+        bias = body["logit_bias"]["anyOf"][0]
+        assert bias["propertyNames"] == {"pattern": decimals_up_to(127)} and bias["maxProperties"] == 1024
+        assert bias["additionalProperties"] == {"type": "number", "minimum": -100, "maximum": 100}
+    # LogitRules' and SamplingParams' bounds, stated
+    assert (chat["presence_penalty"]["minimum"], chat["presence_penalty"]["maximum"]) == (-2, 2)
+    assert (gen["repetition_penalty"]["exclusiveMinimum"], gen["repetition_penalty"]["maximum"]) == (0, 100)
+    assert (completion["min_p"]["minimum"], completion["min_p"]["maximum"]) == (0, 1)
+
+
+def test_the_key_pattern_takes_the_token_ids_up_to_the_largest():
+    for top in (*range(0, 130), 999, 1000, 49151, 151935):
+        pattern = re.compile(decimals_up_to(top))
+        assert all(bool(pattern.fullmatch(str(n))) == (n <= top) for n in range(min(10 * top + 20, 200_000))), top
+        assert not any(pattern.fullmatch(key) for key in ("", "00", "01", "-1", "1.0", " 1"))
 
 
 @pytest.mark.parametrize("body, fields, message", [
@@ -51,6 +69,8 @@ def test_the_schema_states_the_limits():
     ("generate", {"prompt": "x", "stop": ["a", "b", "c"]}, "at most 2 items"),
     ("chat", {**CHAT, "stop": "abcdefghi"}, "at most 8 characters"),
     ("completion", {"prompt": "x", "stop": [""]}, "at least 1 character"),
+    ("chat", {**CHAT, "stop_token_ids": [5, 128]}, "less than or equal to 127"),
+    ("generate", {"prompt": "x", "logit_bias": {"3": 1, "128": -1}}, "logit_bias names token 128, beyond the vocabulary"),
 ])
 def test_validation_enforces_the_limits(body, fields, message):
     bounded = getattr(BODIES, body)

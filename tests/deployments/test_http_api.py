@@ -291,7 +291,9 @@ def test_chat_applies_the_configured_template(server, local):
          400, "content part of type 'image_url' is not supported"),
         ("/generate", {"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, 422, "exactly one of"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-         400, "`tools` is not supported by this server"),
+         400, "`tools[0]` must be {\"type\": \"function\", \"function\": {\"name\": ...}}"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]},
+         400, "`functions` is not supported by this server"),
         ("/v1/completions", {"prompt": "a", "model": "gpt-4o"}, 404, "the model `gpt-4o` does not exist"),
     ],
 )

@@ -1,9 +1,23 @@
 """The OpenAI API as the official `openai` SDK uses it, against the session's real Serve app."""
+import json
+import shutil
+
 import openai
 import pytest
 import requests
+from tokenizers import decoders
+
+from tests.conftest import TINY_CHAT_TEMPLATE
+from tests.fixtures import wait_until
+from tests.lookahead_core.helpers import char_tokenizer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
+# The random model writes random arguments: a bounded city, and no other property, lets every call end within its budget.
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+    "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
 @pytest.fixture(scope="module")
@@ -85,33 +99,56 @@ def test_unknown_model_is_not_found(client, chat):
     assert err.value.type == "invalid_request_error" and "gpt-4o" in err.value.message
 
 
-def test_tools_are_refused_by_name(client):
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+def test_tools_are_a_chats_and_refused_on_completions_by_name(client):
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, tools=[tool])
-    assert "`tools` is not supported by this server" in err.value.message
+        client.completions.create(model="tiny", prompt="x", max_tokens=4, extra_body={"tools": [WEATHER]})
     assert err.value.param == "tools" and err.value.code == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError) as err:  # a bad tool is named by the chat route
+        client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4,
+                                       tools=[{"type": "function", "function": {"name": "get weather"}}])
+    assert err.value.param == "tools" and "must match" in err.value.message
 
 
 @pytest.mark.parametrize("chat, field, value", [
-    (True, "tool_choice", "auto"),
+    (True, "tool_choice", "auto"),  # without tools
     (True, "functions", [{"name": "f"}]),
     (True, "function_call", "auto"),
-    (True, "response_format", {"type": "json_object"}),
-    (True, "logit_bias", {"5": 10}),
-    (True, "presence_penalty", 0.5),
-    (True, "frequency_penalty", -1),
     (True, "echo", True),
     (False, "best_of", 2),
     (False, "suffix", "}"),
 ])
 def test_unsupported_fields_are_refused_by_name(client, chat, field, value):
+    err = refused(client, chat, {field: value})
+    assert f"`{field}`" in err.message and err.param == field
+
+
+def refused(client, chat: bool, extra: dict) -> openai.BadRequestError:
+    """The SDK's error for a chat (or completion) with `extra` in its body."""
     with pytest.raises(openai.BadRequestError) as err:
         if chat:
-            client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, extra_body={field: value})
+            client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, extra_body=extra)
         else:
-            client.completions.create(model="tiny", prompt="x", max_tokens=4, extra_body={field: value})
-    assert f"`{field}`" in err.value.message and err.value.param == field
+            client.completions.create(model="tiny", prompt="x", max_tokens=4, extra_body=extra)
+    return err.value
+
+
+@pytest.mark.parametrize("chat, field, value", [
+    (True, "response_format", {"type": "xml"}),
+    (True, "logit_bias", {"abc": 10}),
+    (True, "presence_penalty", 3),
+    (False, "stop_token_ids", [-1]),
+    (False, "structured_outputs", {"choice": []}),
+])
+def test_bad_values_of_the_logits_options_and_structured_output_are_refused_by_name(client, chat, field, value):
+    assert refused(client, chat, {field: value}).param == field
+
+
+def test_the_logits_options_are_served(client):
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, presence_penalty=0.5,
+                                       frequency_penalty=-1, logit_bias={"5": 10},
+                                       extra_body={"repetition_penalty": 1.1, "min_p": 0.05, "min_tokens": 2,
+                                                   "stop_token_ids": [3]})
+    assert r.usage.completion_tokens >= 1
 
 
 def test_default_values_of_unsupported_fields_are_accepted(client):
@@ -260,3 +297,97 @@ def test_continuous_usage_stats_count_up_in_every_chunk(client):
     counts = [c.usage.completion_tokens for c in chunks if c.usage is not None and c.choices]
     assert counts and counts == sorted(counts) and counts[-1] == 6
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+
+
+
+# ---- tools ------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tools_client(server, tiny_model_dir, tmp_path_factory):
+    """The tiny model in an app of its own: a context that holds the tools' system turn (the session's holds 256
+    tokens), and its character tokenizer writing text as the model wrote it (no space between tokens: JSON parses)."""
+    from ray import serve
+
+    from deployments.app import build_app
+
+    path = tmp_path_factory.mktemp("tiny-tools-model")
+    shutil.copytree(tiny_model_dir, path, dirs_exist_ok=True)
+    tok = char_tokenizer()
+    tok.backend_tokenizer.decoder = decoders.Fuse()
+    tok.save_pretrained(path)
+    args = {"model": {"path": str(path), "name": "tiny", "dtype": "float32", "chat_template": TINY_CHAT_TEMPLATE},
+            "engine": {"max_batch": 4, "max_seq_len": 1024, "max_new_tokens": 256, "prefill_chunk": 128}, "num_cpus": 0}
+    serve.run(build_app(args), name="tools", route_prefix="/tools")
+    url = server + "/tools"
+    wait_until(lambda: requests.get(url + "/health", timeout=5).status_code == 200, 120, interval=0.5)
+    yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    serve.delete("tools")
+
+
+def _assembled(chunks) -> dict[int, dict]:
+    """Each choice's content, calls and finish from a stream, put together as SDK users do: calls by their index."""
+    got: dict[int, dict] = {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            choice = got.setdefault(c.index, {"content": "", "calls": {}, "finish": None})
+            choice["content"] += c.delta.content or ""
+            choice["finish"] = c.finish_reason or choice["finish"]
+            for tc in c.delta.tool_calls or ():
+                call = choice["calls"].setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = tc.id or call["id"]
+                call["name"] += tc.function.name or ""
+                call["arguments"] += tc.function.arguments or ""
+    return got
+
+
+def _is_weather(name: str, arguments: str) -> bool:
+    return name == "get_weather" and isinstance(json.loads(arguments)["city"], str)
+
+
+def test_a_required_call_then_its_result_answered(tools_client):
+    r = tools_client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=200,
+                                             temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.id.startswith("call_") and _is_weather(call.function.name, call.function.arguments)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens > 400  # the tools in the system turn
+    # the answer sent back as the SDK gives it, the result as a tool turn; then tools offered none, or none at all
+    chat = [*ASK, choice.message, {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    for tools in ({"tools": [WEATHER], "tool_choice": "none"}, {}):
+        a = tools_client.chat.completions.create(model="tiny", messages=chat, max_tokens=16, temperature=0, **tools).choices[0]
+        assert a.finish_reason in ("stop", "length") and isinstance(a.message.content, str) and not a.message.tool_calls
+
+
+def test_a_required_call_streamed(tools_client):
+    kwargs = {"model": "tiny", "messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 200,
+              "temperature": 0}
+    whole = tools_client.chat.completions.create(**kwargs).choices[0].message.tool_calls
+    [streamed] = _assembled(tools_client.chat.completions.create(**kwargs, stream=True)).values()
+    assert streamed["finish"] == "tool_calls" and streamed["content"] == ""
+    calls = [streamed["calls"][i] for i in sorted(streamed["calls"])]
+    assert [(c["name"], c["arguments"]) for c in calls] == [(c.function.name, c.function.arguments) for c in whole]
+    assert all(c["id"].startswith("call_") and _is_weather(c["name"], c["arguments"]) for c in calls)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_named_call_for_each_of_n_choices(tools_client, stream):
+    r = tools_client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], tool_choice=NAMED, n=2,
+                                             max_tokens=200, temperature=0.7, seed=3, stream=stream)
+    if stream:
+        got = _assembled(r)
+        assert sorted(got) == [0, 1] and all(c["finish"] == "tool_calls" and len(c["calls"]) == 1 for c in got.values())
+        assert all(_is_weather(call["name"], call["arguments"]) for c in got.values() for call in c["calls"].values())
+    else:
+        assert [c.index for c in r.choices] == [0, 1] and all(c.finish_reason == "tool_calls" for c in r.choices)
+        assert all(len(c.message.tool_calls) == 1 and _is_weather(c.message.tool_calls[0].function.name,
+                                                                   c.message.tool_calls[0].function.arguments) for c in r.choices)
+
+
+def test_auto_reads_the_same_content_streamed_and_whole(tools_client):
+    """Under "auto" the model may answer or call: the random one answers; its text reads the same either way."""
+    kwargs = {"model": "tiny", "messages": ASK, "tools": [WEATHER], "max_tokens": 32, "temperature": 0}
+    whole = tools_client.chat.completions.create(**kwargs).choices[0]
+    [streamed] = _assembled(tools_client.chat.completions.create(**kwargs, stream=True)).values()
+    assert (streamed["content"] or None, streamed["finish"]) == (whole.message.content or None, whole.finish_reason)
+    assert len(streamed["calls"]) == len(whole.message.tool_calls or ())

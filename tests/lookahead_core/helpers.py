@@ -1,5 +1,7 @@
-"""Shared test fixtures: random prompts and the Hugging Face greedy reference."""
+"""Shared test fixtures: random prompts, the Hugging Face greedy reference, a tokenizer of characters."""
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
 from lookahead_core.engine.io import EngineRequest
 from lookahead_core.lookahead.stopping import StopCondition
@@ -80,3 +82,13 @@ def req(request_id, prompt, max_new_tokens: int, params=None, eos=(), **kwargs) 
     """An EngineRequest: `params` None is plain decoding ("off"); `eos` ids end it early."""
     return EngineRequest(request_id, tuple(prompt), StopCondition.build(max_new_tokens, eos),
                          params if params is not None else "off", **kwargs)
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per printable ASCII character (its code), "\\n" (10), "<unk>" (0) and "</s>" (1, the
+    end): the tiny models' tokenizer (vocabulary 128)."""
+    vocab = {chr(i): i for i in range(32, 127)}
+    vocab.update({"<unk>": 0, "</s>": 1, "\n": 10})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")

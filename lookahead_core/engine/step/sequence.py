@@ -5,6 +5,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from lookahead_core.constraints.grammar import Grammars
+from lookahead_core.constraints.shaping import RowShaper
 from lookahead_core.engine.io import EngineRequest, SequenceStats
 from lookahead_core.lookahead.drafter import Drafter
 from lookahead_core.lookahead.knowledge import ReplicaKnowledge
@@ -19,7 +21,8 @@ class Sequence:
     """The last accepted token is never in the KV cache: each step feeds it first. A sampled
     request draws output position p with the uniform u(seed, p), so its text is fixed by the seed up
     to rounding-level ties (lookahead/sampling.py); `sampling` holds the warp alone, so requests
-    that warp alike draw together. `drafter` is None for plain decoding."""
+    that warp alike draw together. `drafter` is None for plain decoding; `shaper` None where no
+    option or grammar changes the model's logits."""
 
     seq_id: str | int
     tokens: list[int]
@@ -35,6 +38,7 @@ class Sequence:
     slot: int | None = None  # the KV slot, owned by the scheduler
     finish_reason: FinishReason | None = None
     group: str | int | None = None  # the served request this is a choice of (EngineRequest.group)
+    shaper: RowShaper | None = None
     stats: SequenceStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -43,9 +47,17 @@ class Sequence:
     @classmethod
     def of(cls, req: EngineRequest, params: LookaheadParams | None,
            layout_for: Callable[[LookaheadParams | None], StepLayout],
-           knowledge: ReplicaKnowledge | None = None) -> Sequence:
-        """A new request's record, with its drafter where it runs lookahead (`params`)."""
+           knowledge: ReplicaKnowledge | None = None, grammars: Grammars | None = None,
+           vocab_size: int = 0) -> Sequence:
+        """A new request's record, with its drafter where it runs lookahead (`params`) and its
+        shaper where its options or grammar (a matcher from `grammars`) change the logits."""
         tokens = list(req.prompt)
+        shaper = None
+        if req.grammar is not None or (req.rules is not None and req.rules.active):
+            if req.grammar is not None and grammars is None:
+                raise ValueError("this engine has no tokenizer for grammars: it cannot constrain output")
+            grammar = grammars.matcher(req.grammar) if req.grammar is not None and grammars is not None else None
+            shaper = RowShaper(req.rules, grammar, tokens, req.stop.eos_ids | req.stop.stop_ids, vocab_size)
         warp = req.sampling if req.sampling is not None and not req.sampling.greedy else None
         seed = None if warp is None else warp.seed if warp.seed is not None else new_seed()
         layout = layout_for(params)
@@ -53,7 +65,7 @@ class Sequence:
         return cls(req.request_id, tokens, len(tokens), req.stop, layout, drafter,
                    None if warp is None else dataclasses.replace(warp, seed=None), seed,
                    req.logprobs, req.prompt_logprobs, [None] if req.prompt_logprobs is not None else None,
-                   group=req.group)
+                   group=req.group, shaper=shaper)
 
     @property
     def new_tokens(self) -> list[int]:

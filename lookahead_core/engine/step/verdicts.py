@@ -60,7 +60,9 @@ def first_token(seq: Sequence, logits: torch.Tensor, greedy: int) -> StepOutput:
     argmax): that token, or for a sampled request the draw at output position 0; a one-token step,
     so the first token waits for no decode forward."""
     drawn = None
-    if seq.sampling is not None:
+    if seq.shaper is not None:
+        drawn = {0: pick(seq, logits[0], first_draw(seq) if seq.sampled else 0.0)}
+    elif seq.sampling is not None:
         drawn = {0: sample_rows(logits, seq.sampling, [first_draw(seq)])[0]}
     out, _ = settle(seq, None, plain_span(seq.layout), [greedy], drawn, logits)
     return out
@@ -72,6 +74,8 @@ def settle(seq: Sequence, draft: Draft | None, span: Span, pred: list[int], draw
     reason and figures grow by it and its drafter learns from it; returns its output and the step
     rows whose keys and values stay."""
     verdict = verify(draft.tree if draft is not None else None, span.cand_start, pred, seq.stop, seq.produced, drawn)
+    if seq.shaper is not None and drawn is not None:  # the walk's tokens past a stop rule's cut
+        seq.shaper.rollback(len(drawn) - len(verdict.tokens))
     seq.tokens.extend(verdict.tokens)
     seq.finish_reason = verdict.finish_reason
     if seq.drafter is not None:
@@ -89,29 +93,45 @@ def settle(seq: Sequence, draft: Draft | None, span: Span, pred: list[int], draw
 
 
 def draw_walks(plan: StepPlan, logits: torch.Tensor) -> dict[int, dict[int, int]]:
-    """Sampled requests' tokens along their walks: {batch row: {step row: token}}. Level by
-    level, each request's next row is drawn for all of them at once per sampling setting (one
-    transfer each); a row is drawn only once the walk reaches it, as plain sampling would."""
+    """The tokens along the walks of sampled requests and of requests whose logits are shaped
+    (options, a grammar): {batch row: {step row: token}}. Level by level, each request's next row
+    is drawn (or, shaped and greedy, its argmax taken) once the walk reaches it, as plain decoding
+    would: unshaped sampled rows at once per sampling setting (one transfer each), shaped rows one
+    by one with the state their path reached."""
     running = plan.seqs
-    sampled = [b for b, seq in enumerate(running) if seq.sampled]
-    drawn: dict[int, dict[int, int]] = {b: {} for b in sampled}
-    todo = [(b, 0, first_draw(running[b])) for b in sampled]
+    walking = [b for b, seq in enumerate(running) if seq.sampled or seq.shaper is not None]
+    drawn: dict[int, dict[int, int]] = {b: {} for b in walking}
+    todo = [(b, 0, first_draw(running[b]) if running[b].sampled else 0.0) for b in walking]
     while todo:
         groups: dict[SamplingParams, list[tuple[int, int, float]]] = {}
+        picked: list[tuple[int, int, int]] = []
         for b, at, u in todo:  # one group per warp (`Sequence.sampling` holds no seed)
-            warp = running[b].sampling
-            assert warp is not None
-            groups.setdefault(warp, []).append((b, at, u))
-        todo = []
+            seq = running[b]
+            if seq.shaper is not None:
+                picked.append((b, at, pick(seq, logits[b, at], u)))
+            else:
+                assert seq.sampling is not None
+                groups.setdefault(seq.sampling, []).append((b, at, u))
         for params, members in groups.items():
             index_b = torch.tensor([b for b, _, _ in members], device=logits.device)
             index_t = torch.tensor([at for _, at, _ in members], device=logits.device)
             tokens = sample_rows(logits[index_b, index_t], params, [u for _, _, u in members])
-            for (b, at, _), token in zip(members, tokens):
-                drawn[b][at] = token
-                if (nxt := next_draw(running[b], plan.drafts[b], plan.spans[b], at, token)) is not None:
-                    todo.append((b, *nxt))
+            picked += [(b, at, token) for (b, at, _), token in zip(members, tokens)]
+        todo = []
+        for b, at, token in picked:
+            drawn[b][at] = token
+            if (nxt := next_draw(running[b], plan.drafts[b], plan.spans[b], at, token)) is not None:
+                todo.append((b, *nxt))
     return drawn
+
+
+def pick(seq: Sequence, row: torch.Tensor, u: float) -> int:
+    """A shaped request's next token from its logits `row` [V]: shaped by its options and grammar,
+    then the argmax, or for a sampled request the draw at uniform `u`; its shaper takes the token."""
+    shaper = seq.shaper
+    assert shaper is not None
+    token = shaper.argmax(row) if seq.sampling is None else sample_rows(shaper.shape(row).unsqueeze(0), seq.sampling, [u])[0]
+    return shaper.advance(token)
 
 
 def first_draw(seq: Sequence) -> float:
@@ -121,11 +141,10 @@ def first_draw(seq: Sequence) -> float:
 
 
 def next_draw(seq: Sequence, draft: Draft | None, span: Span, at: int, token: int) -> tuple[int, float] | None:
-    """A sampled request's walk, one drawn token at a time: given `token` drawn at step row
-    `at` (0 first: the last token's row), the step row whose token the walk needs next (the
-    tree child holding `token`) and its uniform, from its output position; None where the
+    """A walk, one token at a time: given `token` taken at step row `at` (0 first: the last
+    token's row), the step row whose token the walk needs next (the tree child holding `token`)
+    and, for a sampled request, its uniform from its output position (else 0); None where the
     walk ends. Rows off the walk are never drawn, so a rejected candidate costs no sampling."""
-    assert seq.seed is not None, "next_draw() is for sampled requests, which all have a seed"
     if draft is None:
         return None
     tree = draft.tree
@@ -133,4 +152,5 @@ def next_draw(seq: Sequence, draft: Draft | None, span: Span, at: int, token: in
     child = tree.child(node, token)
     if child is None:
         return None
-    return span.cand_start + child - 1, position_uniform(seq.seed, seq.produced + int(tree.depth[child - 1]))
+    u = position_uniform(seq.seed, seq.produced + int(tree.depth[child - 1])) if seq.seed is not None else 0.0
+    return span.cand_start + child - 1, u

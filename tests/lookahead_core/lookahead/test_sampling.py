@@ -3,7 +3,12 @@
 import numpy as np
 import pytest
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from lookahead_core import SamplingParams
 from lookahead_core.lookahead.ngram_pool import NGramPool
@@ -113,7 +118,8 @@ def test_the_test_has_power_a_wrong_verifier_fails(logits_table):
 
 def test_warp_matches_hf_warpers():
     rng = np.random.default_rng(0)
-    for params in [SamplingParams(0.7, top_p=0.9), SamplingParams(1.3, top_k=5), SamplingParams(0.5, top_k=20, top_p=0.8)]:
+    for params in [SamplingParams(0.7, top_p=0.9), SamplingParams(1.3, top_k=5), SamplingParams(0.5, top_k=20, top_p=0.8),
+                   SamplingParams(1.2, min_p=0.1), SamplingParams(0.9, top_k=30, top_p=0.95, min_p=0.05)]:
         logits = rng.normal(size=(1, 64)) * 3
         scores = torch.tensor(logits, dtype=torch.float32)
         scores = TemperatureLogitsWarper(params.temperature)(None, scores)
@@ -121,6 +127,8 @@ def test_warp_matches_hf_warpers():
             scores = TopKLogitsWarper(params.top_k)(None, scores)
         if params.top_p < 1:
             scores = TopPLogitsWarper(params.top_p)(None, scores)
+        if params.min_p:
+            scores = MinPLogitsWarper(params.min_p)(None, scores)
         hf = torch.softmax(scores, dim=-1)[0].double().numpy()
         assert np.allclose(warp(logits[0], params), hf, atol=1e-6)
 

@@ -26,12 +26,12 @@ def test_the_model_s_own_path_is_accepted_with_its_bonus_token():
     v = verify(_tree(), START, _pred({-1: 5, 0: 6, 1: 7, 2: 42}), StopCondition(16), produced=0)
     assert v.tokens == [5, 6, 7, 42] and v.tree_rows == [0, 1, 2] and v.kv_rows == [4, 5, 6]
     assert v.finish_reason is None
-    assert v.sources == ((3, 2, 0, 0, 0), (3, 0, 0, 0, 0))  # rows by source: proposed, accepted
+    assert v.sources == ((3, 2, 0, 0, 0, 0), (3, 0, 0, 0, 0, 0))  # rows by source: proposed, accepted
 
 
 def test_a_branch_the_model_leaves_ends_the_walk():
     v = verify(_tree(), START, _pred({-1: 5, 0: 9, 3: 1}), StopCondition(16), produced=0)
-    assert v.tokens == [5, 9, 1] and v.tree_rows == [0, 3] and v.sources[1] == (1, 1, 0, 0, 0)
+    assert v.tokens == [5, 9, 1] and v.tree_rows == [0, 3] and v.sources[1] == (1, 1, 0, 0, 0, 0)
 
 
 def test_the_stop_rule_cuts_the_accepted_block_and_the_rows_it_keeps():

@@ -1,17 +1,25 @@
 """RequestProcessor with a real AsyncEngine over the tiny fixture model, without Ray."""
 import asyncio
 import copy
+import dataclasses
+import json
 import pickle
+import re
 
 import pytest
+from tokenizers import decoders
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from lookahead_core.constraints.grammar import Grammars, GrammarSpec, grammar_tokenizer
+from lookahead_core.constraints.logit_rules import LogitRules
 from lookahead_core.engine.config import EngineConfig
 from lookahead_core.engine.engine import Engine
 from lookahead_core.engine.host.async_engine import AsyncEngine
 from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.serving import Completion, Delta, RequestError, RequestLimits, RequestProcessor, ServeRequest
+from lookahead_core.serving import processor as processor_module
+from lookahead_core.serving.tools import AUTO_RULE, REQUIRED_RULE, ToolChoice, parse_tools, tool_grammar
 from tests.fixtures import wait_until
 
 from ...conftest import TINY_CHAT_TEMPLATE
@@ -487,3 +495,182 @@ def test_a_requests_total_work_is_bounded_by_max_request_tokens(tiny, engine):
     assert sorted(c.index for c in items if isinstance(c, Completion)) == [0, 1, 2]
     ereq = proc.engine_request(ServeRequest(input_ids=prompt, n=3), list(prompt), 8, 64, group="r")
     assert ereq.group == "r" and ereq.max_new_tokens == 8
+
+
+def test_the_engine_request_carries_the_logits_options_grammar_and_stop_token_ids(proc):
+    rules, grammar = LogitRules(frequency_penalty=1.0, min_tokens=3), GrammarSpec("regex", "[ab]+")
+    ereq = proc.engine_request(ServeRequest(prompt="x", rules=rules, grammar=grammar, stop_token_ids=[5, 6]), [40], LONG, 1024)
+    assert ereq.rules == rules and ereq.grammar == grammar
+    assert ereq.stop.stop_ids == {5, 6} and ereq.stop.eos_ids == {1}
+    plain = proc.engine_request(ServeRequest(prompt="x", rules=LogitRules(presence_penalty=0.0)), [40], LONG, 1024)
+    assert plain.rules is None and plain.grammar is None and plain.stop.stop_ids == frozenset()  # the engine's fast path
+    # ignore_eos leaves EOS out of the end tokens, not a stop token id that names it
+    ignoring = proc.engine_request(ServeRequest(prompt="x", ignore_eos=True, stop_token_ids=[1]), [40], LONG, 1024)
+    assert ignoring.stop.eos_ids == frozenset() and ignoring.stop.stop_ids == {1}
+
+
+def test_a_stop_token_ends_the_choice_as_stop_kept_in_its_ids_not_in_its_text(proc, engine, tiny):
+    tok, base = tiny[1], {"prompt": "def add(a, b):", "max_new_tokens": 24, "ignore_eos": True}
+    full = run(proc, ServeRequest(**base, lookahead="off"), engine)[-1]
+    k = next(i for i, t in enumerate(full.token_ids) if i >= 2 and t not in full.token_ids[:i])
+    for lookahead in ("off", LookaheadParams(4, 3, 3, adapt=False)):
+        items = run(proc, ServeRequest(**base, lookahead=lookahead, stop_token_ids=[full.token_ids[k]]), engine)
+        done = check_items(items, tok)
+        assert done.finish_reason == "stop" and done.token_ids == full.token_ids[: k + 1]
+        assert done.text == tok.decode(list(full.token_ids[:k]), skip_special_tokens=True)
+        assert done.usage.completion_tokens == k + 1
+
+
+@pytest.mark.parametrize("req, param, message", [
+    (ServeRequest(prompt="x", rules=LogitRules(logit_bias={127: 1.0})), "logit_bias", "names token 127, beyond the vocabulary"),
+    (ServeRequest(prompt="x", stop_token_ids=[3, 5000]), "stop_token_ids", "names token 5000, beyond the vocabulary"),
+])
+def test_token_ids_beyond_the_vocabulary_are_400s_naming_the_field(proc, engine, req, param, message):
+    err = run(proc, req, engine)
+    assert isinstance(err, RequestError) and (err.status, err.param) == (400, param) and message in err.message, err
+    assert engine.queue_depth() == (0, 0)
+
+
+def test_a_tokenizer_llguidance_cannot_read_refuses_grammars_naming_the_field(tiny, engine, monkeypatch):
+    def unreadable(tok, vocab_size):
+        raise ValueError("can't determine decoder type")
+
+    monkeypatch.setattr(processor_module, "grammar_tokenizer", unreadable)
+    req = ServeRequest(prompt="x", grammar=GrammarSpec("regex", "a+"), grammar_field="response_format")
+    err = run(RequestProcessor(tiny[1], model_name="tiny"), req, engine)
+    assert isinstance(err, RequestError) and (err.status, err.param, err.code) == (400, "response_format", "unsupported_parameter")
+    assert "`response_format` is not supported for model 'tiny'" in err.message and "decoder type" in err.message
+    assert engine.queue_depth() == (0, 0)
+
+
+def test_the_vocabulary_is_the_models_where_given(tiny):
+    wide = RequestProcessor(tiny[1], vocab_size=200)
+    wide.check_options(ServeRequest(prompt="x", rules=LogitRules(logit_bias={199: 1.0}), stop_token_ids=[150]))
+    with pytest.raises(RequestError, match="names token 200"):
+        wide.check_options(ServeRequest(prompt="x", stop_token_ids=[200]))
+
+
+@pytest.fixture(scope="module")
+def bpe_proc(byte_bpe):
+    """A processor over a byte-level BPE, a tokenizer llguidance reads."""
+    return RequestProcessor(byte_bpe, eos_token_ids=[byte_bpe.eos_token_id], model_name="bpe")
+
+
+@pytest.mark.parametrize("grammar, message", [
+    (GrammarSpec.json_schema({"type": "objectx"}), "Invalid type: objectx"),
+    (GrammarSpec("json", "{not json"), "key must be a string"),
+    (GrammarSpec("regex", "[a-"), "unclosed character class"),
+    (GrammarSpec("grammar", "root ::= foo"), "Rule 'foo' not found"),
+])
+@pytest.mark.parametrize("field", ["response_format", "structured_outputs"])
+def test_a_grammar_llguidance_refuses_is_a_400_naming_its_field_before_the_engine(bpe_proc, engine, grammar, message, field):
+    err = run(bpe_proc, ServeRequest(prompt="x", grammar=grammar, grammar_field=field), engine)
+    assert isinstance(err, RequestError) and (err.status, err.param) == (400, field), err
+    assert err.message.startswith(f"`{field}`: ") and message in err.message, err.message
+    assert engine.queue_depth() == (0, 0)
+
+
+def test_grammars_are_checked_with_one_llguidance_tokenizer_built_on_the_first(byte_bpe, monkeypatch):
+    built = []
+
+    def counting(tok, vocab_size):
+        built.append(vocab_size)
+        return grammar_tokenizer(tok, vocab_size)
+
+    monkeypatch.setattr(processor_module, "grammar_tokenizer", counting)
+    fresh = RequestProcessor(byte_bpe, model_name="bpe")
+    fresh.check_options(ServeRequest(prompt="x"))
+    assert built == []  # none until a request has a grammar
+    for grammar in (GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}),
+                    GrammarSpec("json_object"), GrammarSpec.choice(["yes", "no"]), GrammarSpec("regex", "[0-9]{2,4}"),
+                    GrammarSpec("grammar", 'root ::= "a" | "b"'), GrammarSpec("grammar", 'start: "a"+')):
+        fresh.check_options(ServeRequest(prompt="x", grammar=grammar))
+    assert built == [fresh.vocab_size]
+
+
+@pytest.fixture(scope="module")
+def grammar_engine(tiny):
+    """An engine that follows grammars (llguidance's view of the tiny tokenizer: a word-level one, read token by token)."""
+    vocab = tiny[0].config.vocab_size
+    eng = AsyncEngine(Engine(tiny[0], EngineConfig(max_batch=4, max_seq_len=1024, max_new_tokens=LONG, prefill_chunk=32),
+                             grammars=Grammars(grammar_tokenizer(tiny[1], vocab), vocab)))
+    yield eng
+    eng.shutdown()
+
+
+@pytest.mark.parametrize("grammar, pattern", [
+    (GrammarSpec.choice(["yes", "no"]), "yes|no"),
+    (GrammarSpec("regex", "[0-9]{3}-[a-z]{2}"), "[0-9]{3}-[a-z]{2}"),
+])
+def test_a_grammar_holds_the_output_with_any_lookahead(proc, grammar_engine, tiny, grammar, pattern):
+    """From the request to the engine's shaped rows: the output matches and ends; lookahead changes nothing."""
+    base = {"prompt": "def add(a, b):", "max_new_tokens": 40, "grammar": grammar, "grammar_field": "structured_outputs"}
+    off, la = (check_items(run(proc, ServeRequest(**base, lookahead=mode), grammar_engine), tiny[1])
+               for mode in ("off", LookaheadParams(4, 3, 3)))
+    assert off.token_ids == la.token_ids and off.finish_reason == la.finish_reason == "eos"
+    assert re.fullmatch(pattern, "".join(tiny[1].convert_ids_to_tokens(list(off.token_ids[:-1]))))
+
+
+# ---- tools ------------------------------------------------------------------------------------------------------------
+
+TOOLS = parse_tools([{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+    "additionalProperties": False}}}])
+ASK = ({"role": "user", "content": "Weather in Oslo?"},)
+# a template that renders `tools` itself, as Qwen's, Llama 3's, Hermes' do
+TOOL_TEMPLATE = "{% for t in tools or [] %}[tool {{ t.function.name }}]{% endfor %}" + TINY_CHAT_TEMPLATE
+
+
+@pytest.fixture(scope="module")
+def tools_proc(tiny):
+    """A processor whose tokenizer writes text as the model wrote it (the tiny one puts a space between its tokens)."""
+    tok = copy.deepcopy(tiny[1])
+    tok.backend_tokenizer.decoder = decoders.Fuse()
+    return RequestProcessor(tok, eos_token_ids=[1], limits=RequestLimits(max_prompt_tokens=800, request_timeout_s=60),
+                            model_name="tiny")
+
+
+def _text(proc, req) -> str:
+    return "".join(proc.tokenizer.convert_ids_to_tokens(proc.tokenize(req)))
+
+
+@pytest.mark.parametrize("choice", [ToolChoice("auto"), ToolChoice("required"), ToolChoice("function", "get_weather")])
+def test_tools_reach_the_model_in_the_system_turn_or_the_templates_own_way(tools_proc, choice):
+    req = ServeRequest(messages=ASK, tools=TOOLS, tool_choice=choice)
+    text = _text(tools_proc, req)
+    assert text.startswith("<system>You may call these tools") and text.endswith("<user>Weather in Oslo?\n<assistant>")
+    assert json.dumps(TOOLS[0].openai()) in text and (AUTO_RULE in text) == (choice.mode == "auto")
+    assert (REQUIRED_RULE in text) == (choice.mode == "required")
+    assert _text(tools_proc, dataclasses.replace(req, tool_choice=ToolChoice("none"))) == "<user>Weather in Oslo?\n<assistant>"
+    takes = copy.copy(tools_proc)
+    takes.tokenizer = copy.deepcopy(tools_proc.tokenizer)
+    takes.tokenizer.chat_template = TOOL_TEMPLATE
+    text = _text(takes, req)
+    assert text.startswith("[tool get_weather]") and "<tools>" not in text
+    assert text.endswith("<user>Weather in Oslo?\n<assistant>") and (text.count("<system>") == choice.forced)  # its rule alone
+
+
+def test_the_prompt_size_bound_counts_the_tools_and_calls(tools_proc, engine):
+    small = copy.copy(tools_proc)
+    small.limits = RequestLimits(max_prompt_tokens=2, request_timeout_s=60)  # 128 characters
+    wordy = parse_tools([{"type": "function", "function": {"name": "f", "description": "d" * 100}}])
+    for req in (ServeRequest(messages=ASK, tools=wordy, tool_choice=ToolChoice("auto")),
+                ServeRequest(messages=({"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}" + " " * 100}}]},))):
+        err = run(small, req, engine)
+        assert isinstance(err, RequestError) and "characters" in err.message, err
+    small.check_prompt_size(ServeRequest(messages=ASK, tools=wordy))  # "none" offers them not: not counted
+
+
+def test_a_forced_choice_is_held_to_its_calls_and_each_of_n_choices_reads_its_own(tools_proc, grammar_engine):
+    """From the request to the engine's grammar and back: the output is one call or more, read into tool_calls."""
+    for choice in (ToolChoice("required"), ToolChoice("function", "get_weather")):
+        req = ServeRequest(messages=ASK, tools=TOOLS, tool_choice=choice, max_new_tokens=200, n=2)
+        assert tools_proc.engine_request(req, [40], LONG, 1024).grammar == tool_grammar(TOOLS, choice)
+        items = run(tools_proc, req, grammar_engine)
+        for i in range(2):
+            *deltas, done = [item for item in items if item.index == i]
+            assert done.finish_reason == "eos" and done.text == "" and done.tool_calls
+            assert [c for d in deltas for c in d.tool_calls] == list(done.tool_calls)  # streamed as whole
+            assert [c.name for c in done.tool_calls] == ["get_weather"] * len(done.tool_calls)
+            assert all(isinstance(json.loads(c.arguments)["city"], str) for c in done.tool_calls)

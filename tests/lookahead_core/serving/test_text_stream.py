@@ -2,24 +2,11 @@
 import random
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoTokenizer
 
 from lookahead_core.serving import TextStream
 
 TEXT = "héllo wörld 😀 naïve café 世界 🎉🎉 日本語 ok\n"
-
-
-@pytest.fixture(scope="module")
-def byte_bpe():
-    """A GPT-2-style byte-level BPE with few merges, so emoji and CJK split into several byte tokens."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<|endoftext|>"])
-    tok.train_from_iterator(["hello world ok café naive " * 20], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
 
 
 def pieces(ids, seed):
@@ -69,8 +56,6 @@ def test_one_token_at_a_time_emits_each_character_once_complete(byte_bpe):
 
 
 def test_word_level_tokenizer_joins_as_one_decode(tiny_model_dir):
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     ids = tok("def f(x): return x\n")["input_ids"] + [1] + tok("ok")["input_ids"]
     for seed in range(3):
@@ -117,3 +102,36 @@ def test_each_step_decodes_a_bounded_window(byte_bpe):
         stream.push([i])
     assert stream.text + stream.flush() == TEXT * 20
     assert max(decoded) <= 8, max(decoded)
+
+
+def test_a_stop_token_has_no_text_as_in_vllm(byte_bpe):
+    stop = byte_bpe("#")["input_ids"][0]
+    ids = byte_bpe("ab")["input_ids"] + [stop]
+    stream = TextStream(byte_bpe, stop_ids=[stop])
+    assert stream.push(ids) == ("ab", False)
+    assert stream.flush() == "" and stream.text == "ab"
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 5])
+@pytest.mark.parametrize("min_tokens, text", [
+    (0, "ab"),  # the first "c." counts
+    (3, "ab"),  # it ends in token 4 (".")
+    (4, "abc.de"),  # it ends within the first 4 tokens: only the second counts, as vLLM checks no stop string before
+    (7, "abc.de"),  # a match ending after the floor counts even where it starts before it
+    (8, "abc.dec.f"),  # neither: the output runs on
+])
+def test_stop_strings_count_only_past_min_tokens(byte_bpe, min_tokens, text, steps):
+    out = "abc.dec.f"
+    ids = byte_bpe(out)["input_ids"]
+    assert len(ids) == len(out)  # precondition: a token per character
+    stream, deltas, hit = TextStream(byte_bpe, ["c."], min_tokens=min_tokens), [], False
+    for i in range(0, len(ids), steps):
+        delta, hit = stream.push(ids[i : i + steps])
+        deltas.append(delta)
+        if hit:
+            kept = i + stream.kept  # tokens up to the stop string's last
+            break
+    deltas.append(stream.flush())
+    assert "".join(deltas) == text
+    if hit:
+        assert kept == out.index("c.", 3 if min_tokens >= 4 else 0) + 2

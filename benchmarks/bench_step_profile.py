@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -125,7 +126,7 @@ class StepTimer:
     """Seconds in each part of an engine step, by wrapping the engine's and runner's methods."""
 
     def __init__(self, engine: Engine, width: int) -> None:
-        self.parts: dict[str, float] = defaultdict(float)
+        self.parts: dict[str, list[float]] = defaultdict(list)  # seconds of each call
         r = engine.runner
         timed = [(engine, "step", "step"), (engine, "_plan", "plan"), (r.buffers, "stage", "stage"),
                  (r.cache, "prepare_rows", "stage"), (r, "decode", "decode"), (r, "_eager", "forward"),
@@ -149,7 +150,7 @@ class StepTimer:
                 try:
                     return fn(*args, **kwargs)
                 finally:
-                    self.parts[part] += time.perf_counter() - t0
+                    self.parts[part].append(time.perf_counter() - t0)
             return run
         return wrap
 
@@ -165,7 +166,8 @@ def run_shape(engine: Engine, batch: int, width: int, keys: int, steps: int, war
     for i in range(batch):
         prompt = tuple(torch.randint(2, vocab, (keys,), generator=gen).tolist())
         engine.add_request(EngineRequest(f"{batch}x{width}-{i}", prompt,
-                                         StopCondition.build(engine.max_seq_len - keys, None), "off"))  # no EOS
+                                         StopCondition.build(min(engine.max_seq_len - keys, engine.config.max_new_tokens),
+                                                             None), "off"))  # no EOS
     timer = StepTimer(engine, width)
     try:
         done = 0
@@ -176,13 +178,15 @@ def run_shape(engine: Engine, batch: int, width: int, keys: int, steps: int, war
         eager = engine.runner.eager_forwards
         for _ in range(steps):
             engine.step()
-        parts = {k: v * 1e3 / steps for k, v in timer.parts.items()}
-        mean_keys = sum(engine.runner.cache.lengths[:batch]) / batch
+        parts = {k: sum(v) * 1e3 / steps for k, v in timer.parts.items()}
+        parts["step median"] = statistics.median(timer.parts["step"]) * 1e3  # slow outliers: the gap to the mean
+        out = {"ms": parts, "keys": sum(engine.runner.cache.lengths[:batch]) / batch,
+               "eager_forwards": engine.runner.eager_forwards - eager}
+        if engine.runner.graphs is None or not engine.runner.graphs.ready:  # still padded to the width: inside the timer
+            out["categories"], out["profiled_ms"] = profile_forward(engine.step, engine.runner.model, engine,
+                                                                    profile_steps)
     finally:
         timer.close()
-    out = {"ms": parts, "keys": mean_keys, "eager_forwards": engine.runner.eager_forwards - eager}
-    if engine.runner.graphs is None or not engine.runner.graphs.ready:
-        out["categories"], out["profiled_ms"] = profile_forward(engine.step, engine.runner.model, engine, profile_steps)
     engine.abort_all()
     return out
 
@@ -190,10 +194,10 @@ def run_shape(engine: Engine, batch: int, width: int, keys: int, steps: int, war
 def host_columns(ms: dict) -> dict:
     """The step's parts, each counted once: decode holds the forward, step holds every part."""
     fwd, guards = ms.get("forward", 0.0), ms.get("graph staging", 0.0)
-    cols = {"step": ms["step"], "plan": ms.get("plan", 0.0), "stage": ms.get("stage", 0.0),
+    cols = {"step": ms["step"], "step median": ms["step median"], "plan": ms.get("plan", 0.0), "stage": ms.get("stage", 0.0),
             "graph input copies": guards, "forward": fwd - guards, "topk+xfer": ms.get("decode", 0.0) - fwd,
             "verify": ms.get("verify", 0.0), "commit+succ": ms.get("commit", 0.0) + ms.get("successor table", 0.0)}
-    cols["other host"] = cols["step"] - sum(v for k, v in cols.items() if k != "step")
+    cols["other host"] = cols["step"] - sum(v for k, v in cols.items() if k not in ("step", "step median"))
     return cols
 
 
@@ -209,9 +213,7 @@ def cpu_line() -> str:
 def print_tables(dtype: str, rows: dict) -> None:
     shapes = list(rows)
     head = "".join(f"{s:>18}" for s in shapes)
-
-    def base(s: str) -> str:
-        return "(1, 1)" if s.startswith("(1,") else "(16, 1)"
+    base = {s: "(1, 1)" if s.startswith("(1,") else "(16, 1)" for s in shapes}
     for mode in ("eager", "compiled"):
         got = [s for s in shapes if mode in rows[s]]
         if not got:
@@ -223,7 +225,7 @@ def print_tables(dtype: str, rows: dict) -> None:
             cells = ""
             for s in shapes:
                 v = host_columns(rows[s][mode]["ms"])[col] if s in got else float("nan")
-                b = host_columns(rows[base(s)][mode]["ms"])[col] if base(s) in got else float("nan")
+                b = host_columns(rows[base[s]][mode]["ms"])[col] if base[s] in got else float("nan")
                 cells += f"{v:>9.2f} ({v / b if b > 1e-3 else float('nan'):>5.2f}x)"
             print(f"{col:<22}{cells}")
         for b in ("(1, 1)", "(16, 1)"):  # every shape's whole step against both one-token steps
@@ -241,7 +243,7 @@ def print_tables(dtype: str, rows: dict) -> None:
         for s in prof:
             e = rows[s]["eager"]
             v = e["profiled_ms"] if c == "total" else e["categories"].get(c, 0.0)
-            b0 = rows[base(s)]["eager"]
+            b0 = rows[base[s]]["eager"]
             b = b0["profiled_ms"] if c == "total" else b0["categories"].get(c, 0.0)
             cells += f"{v:>6.2f} [{v / e['profiled_ms']:>3.0%}]({v / b if b > 1e-3 else float('nan'):>4.1f}x)"
         print(f"{c:<24}{cells}")
@@ -259,12 +261,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compiled", default="on", choices=["on", "off"],
                     help="also the engine with the stored decode package (never compiles one here)")
     ap.add_argument("--engine", default="{}", help="JSON: EngineConfig fields over the served ones")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default; served: one at a small batch)")
     ap.add_argument("--json", default="results/bench_step_profile.json")
     args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads or torch.get_num_threads())
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     report: dict = {"cpu": cpu_line(), "capability": torch.backends.cpu.get_cpu_capability(),
                     "threads": torch.get_num_threads(), "args": vars(args), "dtypes": {}}
-    print(report["cpu"], f"| torch {torch.__version__}, {report['threads']} threads")
+    print(report["cpu"], f"| torch threads {report['threads']}")
     undo = patch(DecodeGraphs, "_compile", lambda _: lambda self, bucket: None)  # never a minutes-long compile here
     try:
         for dtype in args.dtype.split(","):

@@ -1,5 +1,6 @@
 """The OpenAI API as the official `openai` SDK uses it, against the session's real Serve app."""
 import json
+import re
 import shutil
 
 import openai
@@ -391,3 +392,33 @@ def test_auto_reads_the_same_content_streamed_and_whole(tools_client):
     [streamed] = _assembled(tools_client.chat.completions.create(**kwargs, stream=True)).values()
     assert (streamed["content"] or None, streamed["finish"]) == (whole.message.content or None, whole.finish_reason)
     assert len(streamed["calls"]) == len(whole.message.tool_calls or ())
+
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "rank", "tags"],
+          "properties": {"city": {"type": "string", "maxLength": 8}, "rank": {"type": "integer"},
+                         "tags": {"type": "array", "items": {"enum": ["old", "new"]}, "maxItems": 2}}}
+
+
+@pytest.mark.parametrize("lookahead", ["auto", "off"])
+def test_a_json_schema_answer_parses_and_matches_its_schema(tools_client, lookahead):
+    """The random model's answer under response_format: json_schema ends by itself and holds the
+    schema, whole and streamed, with lookahead and without; the text it forces is the same both ways."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA, "strict": True}}
+    kwargs = dict(model="tiny", messages=MESSAGES, max_tokens=200, temperature=0, response_format=fmt,
+                  extra_body={"lookahead": lookahead})
+    whole = tools_client.chat.completions.create(**kwargs).choices[0]
+    streamed = _assembled(tools_client.chat.completions.create(**kwargs, stream=True))[0]
+    for text, finish in ((whole.message.content, whole.finish_reason), (streamed["content"], streamed["finish"])):
+        value = json.loads(text)
+        assert finish == "stop" and list(value) == ["city", "rank", "tags"], text
+        assert len(value["city"]) <= 8 and isinstance(value["rank"], int) and set(value["tags"]) <= {"old", "new"}
+    assert streamed["content"] == whole.message.content
+
+
+def test_structured_outputs_regex_and_choice_on_completions(tools_client):
+    regex = tools_client.completions.create(model="tiny", prompt="code:", max_tokens=20, temperature=0,
+                                            extra_body={"structured_outputs": {"regex": "[A-F]{3}-[0-9]{2}"}}).choices[0]
+    assert re.fullmatch("[A-F]{3}-[0-9]{2}", regex.text) and regex.finish_reason == "stop"
+    choice = tools_client.completions.create(model="tiny", prompt="pick:", max_tokens=20, temperature=0.8, seed=3,
+                                             extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}})
+    assert choice.choices[0].text in ("red", "green", "blue")

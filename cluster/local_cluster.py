@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,19 +14,13 @@ from typing import Self
 import requests
 import yaml
 
-from deployments.ray_env import haproxy_ports, prepare
+from deployments.ray_env import free_port, haproxy_ports, prepare
 from loadtests.client import prompt_cycle, read_prompts
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve_cluster.yaml"
 APP = "lookahead"
 MODEL_DEPLOYMENT = "LookaheadModel"
 LOOPBACK = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def load_config(path: Path = CONFIG, port: int | None = None, autoscaling: dict | None = None,

@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import importlib.util
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -49,6 +50,24 @@ def ray_env(path: Path = RAY_ENV_FILE) -> dict[str, str]:
 
 # Serve's HAProxy listens for its stats and metrics on fixed ports (8404, 9101), whatever the HTTP port.
 HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+
+
+# Ray's own worker ports end at 19999; the kernel hands out ports from 32768 up (Linux's default)
+FREE_PORTS = (20000, 32768)
+
+
+def free_port(span: tuple[int, int] = FREE_PORTS) -> int:
+    """A port free now on 127.0.0.1, below the kernel's ephemeral range: a port bound as 0 comes
+    from that range, where any outgoing connection (Ray makes many) may take it before a server binds it."""
+    ports = range(*span)
+    for port in random.sample(ports, min(200, len(ports))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {span[0]}..{span[1] - 1} on 127.0.0.1")
 
 
 def haproxy_ports(free_port: Callable[[], int]) -> dict[str, str]:

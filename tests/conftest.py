@@ -1,12 +1,11 @@
 """Shared fixtures: a real Ray Serve application on CPU with a tiny saved model (one per session)."""
 import os
-import socket
 
 import pytest
 import requests
 import torch
 
-from deployments.ray_env import haproxy_ports, prepare
+from deployments.ray_env import free_port, haproxy_ports, prepare
 from lookahead_core.models.random_models import build_random_model
 from tests.fixtures import wait_until
 from tests.lookahead_core.helpers import char_tokenizer
@@ -23,12 +22,6 @@ TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +42,7 @@ def server(tiny_model_dir):
 
     from deployments.app import build_app
 
-    os.environ.update(haproxy_ports(_free_port))  # beside a `make serve` or a cluster test's Serve
+    os.environ.update(haproxy_ports(free_port))  # beside a `make serve` or a cluster test's Serve
     # A replica that stops stays reachable this long for load balancers to drop it (Serve's default:
     # 30 s); here every app a test deletes would wait it out. Set for this Ray only: the cluster
     # tests' Ray, started later, drains as shipped.
@@ -64,7 +57,7 @@ def server(tiny_model_dir):
         del os.environ[DRAIN]
     # Ray's own processes take ephemeral ports too: pick one after ray.init and retry on a clash.
     for attempt in range(5):
-        port = _free_port()
+        port = free_port()
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             break

@@ -161,3 +161,18 @@ def test_a_port_the_server_needs_that_is_taken_is_named_with_what_holds_it(tmp_p
                          capture_output=True, text=True, env={**os.environ, "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
                                                               "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())})
     assert out.returncode == 0 and "export RAY_TMPDIR=" in out.stdout, out.stderr
+
+
+def test_a_free_port_is_below_the_kernels_ephemeral_range_and_binds():
+    import socket
+
+    from deployments.ray_env import FREE_PORTS, free_port
+    port = free_port()
+    assert FREE_PORTS[0] <= port < FREE_PORTS[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        only = held.getsockname()[1]
+        with pytest.raises(RuntimeError, match="no free port"):
+            free_port((only, only + 1))

@@ -40,8 +40,8 @@ SHAPES = ((1, 1), (1, 8), (1, 16), (16, 1), (16, 4))
 SERVED = dict(max_batch=16, max_seq_len=1024, kv_cache_memory="1GiB", max_n=5, max_w=8, max_g=8, max_lookup=8,
               max_successors=32, max_new_tokens=512, prefill_chunk=128, prefix_cache_tokens=512, successor_topk=8)
 TAG = "lp::"  # the labels this script adds, told apart from torch's own events
-ROLES = {**dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"), "gemm attn proj"),
-         **dict.fromkeys(("gate_proj", "up_proj", "down_proj"), "gemm mlp"), "lm_head": "lm_head",
+ROLES = {**dict.fromkeys(("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj"), "gemm attn proj"),
+         **dict.fromkeys(("gate_proj", "up_proj", "gate_up_proj", "down_proj"), "gemm mlp"), "lm_head": "lm_head",
          **dict.fromkeys(("norm", "input_layernorm", "post_attention_layernorm"), "norms"), "embed_tokens": "embed",
          "rotary_emb": "rotary", "self_attn": "attention core", "mlp": "mlp activation"}
 OWN = {"model": "mask, positions, other", "layer": "residual adds", "decode": "argmax/topk + transfer",

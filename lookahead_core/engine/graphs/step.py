@@ -10,6 +10,7 @@ import torch
 from lookahead_core.engine.graphs import attention, slot_cache
 from lookahead_core.engine.graphs.slot_cache import SlotCache, kv_pairs
 from lookahead_core.engine.graphs.source_digest import source_digest
+from lookahead_core.engine.runner import fused_projections
 from lookahead_core.engine.runner.weights import PackedLinear
 
 Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -52,4 +53,5 @@ def constants(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-GRAPH_SOURCE = source_digest(decode_step, prefill_step, StepModule, slot_cache, attention, PackedLinear)
+GRAPH_SOURCE = source_digest(decode_step, prefill_step, StepModule, slot_cache, attention, PackedLinear,
+                             fused_projections)

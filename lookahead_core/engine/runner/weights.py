@@ -8,7 +8,8 @@ step width:
 - "transposed" (float32 on CPU): stored as [in, out], the parameter a transposed view of it, so
   every linear is MKL's plain GEMM over contiguous rows;
 - "onednn" (bfloat16 and float16 on CPU): packed once into oneDNN's blocked layout
-  (`PackedLinear`);
+  (`PackedLinear`), the projections that read one input first fused into one layer
+  (`fused_projections.py`: query-key-value, gate-up);
 - "plain": as loaded (CUDA).
 
 A tied output head shares the embedding's tensor where the layout keeps it a view ("transposed",
@@ -21,6 +22,8 @@ from typing import Literal
 
 import torch
 from torch import nn
+
+from lookahead_core.engine.runner.fused_projections import fuse_projections
 
 WeightLayout = Literal["auto", "plain", "transposed", "onednn"]
 LAYOUTS = ("plain", "transposed", "onednn")
@@ -107,6 +110,7 @@ def apply_layout(model: nn.Module, layout: str, copy: bool = True) -> WeightsInf
                     setattr(module, name, done[id(param)][1])
         done.clear()
     elif layout == "onednn":
+        fuse_projections(model, copy)
         for parent, name, linear in list(_linears(model)):
             count += 1
             setattr(parent, name, PackedLinear(linear))

@@ -14,9 +14,12 @@ from lookahead_core.models.random_models import build_random_model
 CAP = 64
 
 
-@pytest.mark.parametrize("dtype,layout", [(torch.float32, "transposed"), (torch.bfloat16, "plain")])
+@pytest.mark.parametrize("dtype,layout", [(torch.float32, "transposed"), (torch.bfloat16, "plain"),
+                                          (torch.bfloat16, "onednn")])  # packed: fused projections traced
 @pytest.mark.parametrize("prefill", [False, True])
 def test_a_grouped_query_step_exports_and_runs_at_other_sizes(dtype, layout, prefill):
+    if layout == "onednn" and not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch build")
     model = build_random_model("llama", vocab_size=256, heads=4, kv_heads=2, dtype=dtype)
     apply_layout(model, layout)
     cfg = model.config

@@ -24,8 +24,9 @@ def test_an_edit_of_the_code_changes_the_key():
 def test_the_graphs_source_covers_the_traced_modules():
     from lookahead_core.engine.graphs import attention, slot_cache
     from lookahead_core.engine.graphs.source_digest import source_digest
+    from lookahead_core.engine.runner import fused_projections
     from lookahead_core.engine.runner.weights import PackedLinear
 
     assert step.GRAPH_SOURCE == source_digest(step.decode_step, step.prefill_step, step.StepModule, slot_cache,
-                                              attention, PackedLinear)
+                                              attention, PackedLinear, fused_projections)
     assert source_digest(step.decode_step) != source_digest(step.prefill_step)

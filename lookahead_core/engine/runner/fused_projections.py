@@ -67,29 +67,36 @@ def gated_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(self.act_fn(gate) * up)
 
 
+def _projections(module: nn.Module, names: tuple[str, ...]) -> list[nn.Linear] | None:
+    parts = [getattr(module, n, None) for n in names]
+    return [p for p in parts if isinstance(p, nn.Linear)] if all(isinstance(p, nn.Linear) for p in parts) else None
+
+
+def _fuse(module: nn.Module, names: tuple[str, ...], fused_name: str, forward, copy: bool) -> bool:
+    """`module`'s projections `names` as one layer `fused_name` (its split sizes beside it), and
+    `forward` as the module's."""
+    parts = _projections(module, names)
+    if parts is None:
+        return False
+    setattr(module, fused_name, fused_linear(parts, copy))
+    setattr(module, fused_name.removesuffix("_proj") + "_sizes", [p.out_features for p in parts])
+    for n in names:
+        delattr(module, n)
+    module.forward = MethodType(forward, module)  # type: ignore[method-assign]
+    return True
+
+
 def fuse_projections(model: nn.Module, copy: bool = True) -> int:
     """Fuse each supported attention's and MLP's projections in place; returns the modules fused."""
     fused = 0
     for module in model.modules():
         name = type(module).__name__
-        if name in ATTENTION and all(isinstance(getattr(module, p, None), nn.Linear)
-                                     for p in ("q_proj", "k_proj", "v_proj")):
-            parts = [module.q_proj, module.k_proj, module.v_proj]
-            source = sys.modules[type(module).__module__]
-            module.qkv_proj = fused_linear(parts, copy)
-            module.qkv_sizes = [p.out_features for p in parts]
+        if name in ATTENTION and _projections(module, ("q_proj", "k_proj", "v_proj", "o_proj")) is not None:
+            source = sys.modules[type(module).__module__]  # the model's own rotary and attention functions
             module.rotary = source.apply_rotary_pos_emb
             module.attention_functions = source.ALL_ATTENTION_FUNCTIONS
             module.eager_attention = source.eager_attention_forward
-            del module.q_proj, module.k_proj, module.v_proj
-            module.forward = MethodType(fused_attention_forward, module)
-            fused += 1
-        elif name in GATED_MLP and all(isinstance(getattr(module, p, None), nn.Linear)
-                                       for p in ("gate_proj", "up_proj", "down_proj")):
-            parts = [module.gate_proj, module.up_proj]
-            module.gate_up_proj = fused_linear(parts, copy)
-            module.gate_up_sizes = [p.out_features for p in parts]
-            del module.gate_proj, module.up_proj
-            module.forward = MethodType(gated_mlp_forward, module)
-            fused += 1
+            fused += _fuse(module, ("q_proj", "k_proj", "v_proj"), "qkv_proj", fused_attention_forward, copy)
+        elif name in GATED_MLP and _projections(module, ("gate_proj", "up_proj", "down_proj")) is not None:
+            fused += _fuse(module, ("gate_proj", "up_proj"), "gate_up_proj", gated_mlp_forward, copy)
     return fused

@@ -8,10 +8,11 @@ step width:
 - "transposed" (float32 on CPU): stored as [in, out], the parameter a transposed view of it, so
   every linear is MKL's plain GEMM over contiguous rows;
 - "onednn" (bfloat16 and float16 on CPU): packed once into oneDNN's blocked layout
-  (`PackedLinear`), the projections that read one input first fused into one layer
-  (`fused_projections.py`: query-key-value, gate-up);
+  (`PackedLinear`);
 - "plain": as loaded (CUDA).
 
+On CPU the projections that read one input are first fused into one layer
+(`fused_projections.py`: query-key-value, gate-up), each output the same dot product as before.
 A tied output head shares the embedding's tensor where the layout keeps it a view ("transposed",
 "plain"); packed, it gets a packed copy of its own.
 """
@@ -90,6 +91,8 @@ def apply_layout(model: nn.Module, layout: str, copy: bool = True) -> WeightsInf
     Without `copy` a "transposed" weight is a new uninitialised tensor of the layout (a model
     whose values do not matter: a compile worker's)."""
     count = 0
+    if layout in ("transposed", "onednn"):
+        fuse_projections(model, copy)
     if layout == "transposed":
         # a tied weight is laid out once, for all that hold it (the old one kept here: its id stays its own)
         done: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
@@ -110,7 +113,6 @@ def apply_layout(model: nn.Module, layout: str, copy: bool = True) -> WeightsInf
                     setattr(module, name, done[id(param)][1])
         done.clear()
     elif layout == "onednn":
-        fuse_projections(model, copy)
         for parent, name, linear in list(_linears(model)):
             count += 1
             setattr(parent, name, PackedLinear(linear))

@@ -20,7 +20,7 @@ install: $(VENV)/.installed
 
 # CI's command (.ci/run): lint first, then every tier.
 test: install lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # The fast tier: no Ray Serve, no local Ray cluster, no real SmolLM2, no inductor compile (tiers: the markers in pyproject.toml).
 test-fast: install

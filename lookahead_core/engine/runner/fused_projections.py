@@ -68,8 +68,8 @@ def gated_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def _projections(module: nn.Module, names: tuple[str, ...]) -> list[nn.Linear] | None:
-    parts = [getattr(module, n, None) for n in names]
-    return [p for p in parts if isinstance(p, nn.Linear)] if all(isinstance(p, nn.Linear) for p in parts) else None
+    linears = [p for p in (getattr(module, n, None) for n in names) if isinstance(p, nn.Linear)]
+    return linears if len(linears) == len(names) else None
 
 
 def _fuse(module: nn.Module, names: tuple[str, ...], fused_name: str, forward, copy: bool) -> bool:

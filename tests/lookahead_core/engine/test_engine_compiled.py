@@ -18,7 +18,9 @@ from tests.fixtures import wait_until
 pytestmark = pytest.mark.compile
 
 PROMPTS = [[5, 9, 5, 9, 17, 3, 5, 9], [40, 41, 42, 7, 40, 41], [100, 3, 77, 100, 3]]
-ENGINE = dict(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16, shared_pool_cap=0, compile_max_width=16)
+# the graph holds every step these modes can take: a wider one runs eagerly, and the planner, pricing
+# widths by time, may try one
+ENGINE = dict(max_batch=4, max_seq_len=48, max_new_tokens=24, prefill_chunk=16, shared_pool_cap=0, compile_max_width=64)
 MODES = ["off", "auto", LookaheadParams(3, 2, 2, lookup=4)]
 
 
@@ -47,6 +49,7 @@ def _serve(engine: Engine, prompts, lookahead) -> dict:
 def test_engine_compile_on_gives_eager_tokens(model, store):
     """Plain and lookahead rows, alone and batched, every step in the one decode graph and the
     prompts of slots after the first in the prefill graph: the eager engine's tokens."""
+    assert max(LookaheadParams().max_step_tokens, MODES[2].max_step_tokens) <= ENGINE["compile_max_width"]
     eager = _serve(Engine(model, EngineConfig(**ENGINE)), PROMPTS, MODES)
     engine = Engine(model, EngineConfig(**ENGINE, compile="on", compile_dir=store, compile_workers=2))
     assert all(b["ready"] for b in graph_status(engine))

@@ -67,6 +67,11 @@ def summarize(outcomes: list[Outcome], start: float) -> dict:
     for name in ("ttft", "tpot", "latency"):
         p = percentiles([getattr(o, name) for o in done], (50, 95))
         out[name] = {k: None if v is None else round(1000 * v, 1) for k, v in p.items()}  # ms
+    # our usage chunk's lookahead summary: tokens per decode step over the level's steps (vLLM sends none)
+    runs = [(s["compression"], s["steps"]) for o in done
+            if (s := (o.summary or {}).get("lookahead")) and s.get("compression") is not None and s.get("steps")]
+    steps = sum(n for _, n in runs)
+    out["tokens_per_step"] = round(sum(c * n for c, n in runs) / steps, 2) if steps else None
     return out
 
 
@@ -210,11 +215,11 @@ def prompts_per_level(users: int, available: int, requests: int | None = None) -
 def fmt(r: dict) -> str:
     return (f"{r['server']:<12} {r['users']:>5} {r['tokens_per_s']:>8.1f} {r['ttft']['p50']:>9} {r['ttft']['p95']:>9} "
             f"{r['tpot']['p50']:>8} {r['tpot']['p95']:>8} {r['latency']['p50']:>9} {r['latency']['p95']:>9} "
-            f"{r['requests']:>5} {r['errors']:>4}")
+            f"{r['requests']:>5} {r['errors']:>4} {r.get('tokens_per_step') or '-':>8}")
 
 
 HEADER = (f"{'server':<12} {'users':>5} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p95':>9} {'TPOT p50':>8} {'TPOT p95':>8} "
-          f"{'e2e p50':>9} {'e2e p95':>9} {'reqs':>5} {'errs':>4}   (ms)")
+          f"{'e2e p50':>9} {'e2e p95':>9} {'reqs':>5} {'errs':>4} {'tok/step':>8}   (ms)")
 
 
 def ratios(rows: list[dict]) -> list[str]:

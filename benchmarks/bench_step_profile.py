@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compiled", default="on", choices=["on", "off"],
                     help="also the engine with the stored decode package (never compiles one here)")
     ap.add_argument("--engine", default="{}", help="JSON: EngineConfig fields over the served ones")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default; served: one at a small batch)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, as served: every core of the machine)")
     ap.add_argument("--json", default="results/bench_step_profile.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads or torch.get_num_threads())

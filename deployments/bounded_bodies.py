@@ -86,6 +86,9 @@ def bounded_bodies(model_name: str, vocab_size: int, engine: EngineConfig, limit
     logit_bias = Annotated[dict[str, float] | None, AfterValidator(biased_within_vocabulary),
                            WithJsonSchema(logit_bias_schema(decimals_up_to(vocab_size - 1)))]
     budget = Annotated[int | None, Field(le=engine.max_new_tokens)]
+    # at most the largest budget: more could never be met (a min_tokens above the request's own budget is
+    # the processor's 400, the one pairing the schema cannot state)
+    least = Annotated[int | None, Field(ge=0, le=engine.max_new_tokens)]
     lookahead = Annotated[Lookahead, AfterValidator(within_engine),
                           WithJsonSchema(lookahead_schema({"n": engine.max_n, "w": engine.max_w, "g": engine.max_g}))]
     stop_string = Annotated[str, Field(min_length=1, max_length=limits.max_stop_chars)]
@@ -95,7 +98,7 @@ def bounded_bodies(model_name: str, vocab_size: int, engine: EngineConfig, limit
     prompt = Annotated[CompletionPrompt[token_id], WithJsonSchema(completion_prompt_schema(token_id))]
     model = Annotated[str | None, WithJsonSchema({"anyOf": [{"type": "string", "enum": [model_name]}, {"type": "null"}],
                                                   "description": "the served model id (GET /v1/models)"})]
-    tokens = {"stop_token_ids": list[token_id] | None, "logit_bias": logit_bias}
+    tokens = {"stop_token_ids": list[token_id] | None, "logit_bias": logit_bias, "min_tokens": least}
     openai = {"model": model, "stop": openai_stop, "lookahead": lookahead, "max_tokens": budget, **tokens}
     return Bodies(
         generate=_bound(GenerateRequest, input_ids=list[token_id] | None, max_new_tokens=budget, stop=stop_list,

@@ -124,7 +124,8 @@ class AppArgs(BaseModel):
         None, ge=1, description="torch threads per replica; default: the core plan's (deployments/core_plan.py)")
     large_batch_threads: int | None = Field(
         None, ge=1, description="torch threads of a step of 8 sequences or more (its graphs compiled for them); "
-                                "default: the core plan's (every core where the replica has them all)")
+                                "default: the core plan's (torch_threads, or every core where one is left to the HTTP "
+                                "stack)")
     nice: int | None = Field(0, ge=-20, le=19, description="the engine's scheduling priority (Ray starts actors at 15); "
                                                            "null keeps Ray's")
     http_nice: int | None = Field(5, ge=-20, le=19, description="the scheduling priority of the HTTP stack on the "

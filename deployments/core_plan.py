@@ -4,13 +4,16 @@ A decode step is a parallel region: it is as slow as its slowest thread, so one 
 the HTTP stack (Serve's proxy, the ingress, the replica's own event loop, Ray's processes, a client
 on the same machine) stalls the whole step. The rules, measured in CHANGELOG.md ("Core plan"):
 
-* A replica that asks for every core this machine gives it leaves one to the HTTP stack: torch runs
-  `cores - 1` threads (at least one). A replica given fewer cores than the machine has (a cluster
-  node, `num_cpus` below the core count) runs one thread per core it asked for. This holds with the
-  engine in a process of its own too: there, a thread on every core starved the HTTP stack.
-* Except a step of LARGE_BATCH sequences or more, and a prompt chunk, where the replica has every
-  core: they run on all of them (`large_batch_threads`). Such a forward is long, and the HTTP stack
-  catches up between them (CHANGELOG.md, "Graphs as packages on disk").
+* A replica that asks for every core this machine gives it, with the engine in a process of its own,
+  runs every step on all of them: the HTTP stack streams from HAProxy and the replica's own server
+  at a fraction of a core, above Ray's priority (`http_nice`), and a step of any batch measured
+  faster on every core (CHANGELOG.md, "Every step on every core").
+* Where the engine steps in the replica's process (`engine_process: false`) or is bound to cores
+  (`pin_cores`), such a replica leaves one core to the HTTP stack: torch runs `cores - 1` threads,
+  except a step of LARGE_BATCH sequences or more and a prompt chunk, which run on all of them unless
+  bound (`large_batch_threads`; such a forward is long, and the HTTP stack catches up between them).
+* A replica given fewer cores than the machine has (a cluster node, `num_cpus` below the core
+  count) runs one thread per core it asked for.
 * Ray starts actors at nice 15 and its own raylet and GCS at nice 0, so every Ray heartbeat would
   preempt a step. The engine's threads move to `nice` (0 by default), where the process may raise
   its priority (root or CAP_SYS_NICE).
@@ -79,6 +82,8 @@ class CorePlan:
         cores, asked = len(ids), max(1, int(num_cpus))
         if torch_threads is not None:
             threads, reason = torch_threads, "torch_threads set in the app args"
+        elif asked >= cores > 1 and own_process and not pin_cores:
+            threads, reason = cores, f"the replica has all {cores} cores and the engine a process of its own: every step on all {cores}"
         elif asked >= cores > 1:
             threads, reason = cores - 1, f"the replica has all {cores} cores: one is left to the HTTP stack"
             if large_batch_threads is None and not pin_cores:

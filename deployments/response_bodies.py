@@ -99,6 +99,10 @@ def openai_chunk(head: dict, chat: bool, text: str | None = None, finish: str | 
     return {**head, "object": "text_completion", "choices": [choice]}
 
 
-def openai_usage_chunk(head: dict, chat: bool, u: Usage) -> dict:
-    return {**head, "object": "chat.completion.chunk" if chat else "text_completion", "choices": [], "usage": usage(u)}
+def openai_usage_chunk(head: dict, chat: bool, completions: list[Completion]) -> dict:
+    """The stream's last chunk: the usage of all choices and, as the whole body has it, the first
+    choice's lookahead summary (its steps and tokens per step)."""
+    first = min(completions, key=lambda c: c.index)
+    return {**head, "object": "chat.completion.chunk" if chat else "text_completion", "choices": [],
+            "usage": usage(total_usage([c.usage for c in completions])), "lookahead": asdict(first.lookahead)}
 

@@ -65,5 +65,5 @@ async def openai_events(items, head: dict, chat: bool, include_usage: bool, n: i
                                      offset=offsets[item.index], tool_calls=item.tool_calls))
             offsets[item.index] += sum(len(lp.token) for lp in item.logprobs or ())
     if include_usage and done:
-        yield sse.encode(openai_usage_chunk(head, chat, total_usage([c.usage for c in done])))
+        yield sse.encode(openai_usage_chunk(head, chat, done))
     yield sse.DONE_EVENT

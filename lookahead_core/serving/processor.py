@@ -145,7 +145,12 @@ class RequestProcessor:
         return max(1, min(DEFAULT_MAX_NEW_TOKENS, token_limit, max_seq_len - len(prompt)))
 
     def check_work(self, req: ServeRequest, prompt: list[int], budget: int) -> None:
-        """A request's tokens through the engine, n x (prompt + budget), within `max_request_tokens`."""
+        """A request's tokens through the engine, n x (prompt + budget), within `max_request_tokens`;
+        its budget no shorter than its `min_tokens` (which could never be met)."""
+        floor = 0 if req.rules is None else req.rules.min_tokens
+        if floor > budget:
+            given = "max_tokens" if req.max_new_tokens is not None else "the default max_tokens for this prompt"
+            raise RequestError(400, f"min_tokens={floor} is more than {given} ({budget})", "min_tokens")
         work, limit = req.n * (len(prompt) + budget), self.limits.max_request_tokens
         if work > limit:
             raise RequestError(400, f"n={req.n} choices of {len(prompt)} prompt tokens plus max_tokens={budget} "

@@ -17,6 +17,7 @@ def test_levels_send_each_prompt_once_and_compare_auto_with_off(server, tmp_path
         assert r["errors"] == 0 and r["requests"] == bench_serving.prompts_per_level(r["users"], 96)
         assert r["requests"] <= r["tokens"] <= 5 * r["requests"]
         assert 0 < r["ttft"]["p50"] <= r["latency"]["p50"] and r["tokens_per_s"] > 0
+        assert r["tokens_per_step"] >= 1.0 and (r["server"] == "ours-auto" or r["tokens_per_step"] == 1.0)
     auto, off = rows[2]["tokens_per_s"], rows[3]["tokens_per_s"]
     assert f"auto/off tok/s {auto / off:.2f}x" in report["ratios"][1]
     assert report["health"]["model"] == "tiny" and (tmp_path / "serving.json").exists()

@@ -37,6 +37,8 @@ def test_the_schema_states_the_limits():
     assert completion["prompt"]["anyOf"][3]["items"]["items"]["maximum"] == 127
     for budget in (gen["max_new_tokens"], completion["max_tokens"], chat["max_tokens"], chat["max_completion_tokens"]):
         assert budget["anyOf"][0]["maximum"] == 64
+    for least in (gen["min_tokens"], completion["min_tokens"], chat["min_tokens"]):  # never more than a budget
+        assert (least["anyOf"][0]["minimum"], least["anyOf"][0]["maximum"]) == (0, 64)
     nwg = gen["lookahead"]["anyOf"][1]["properties"]
     assert (nwg["n"]["maximum"], nwg["w"]["maximum"], nwg["g"]["maximum"]) == (5, 6, 7) and nwg["n"]["minimum"] == 2
     assert gen["stop"]["maxItems"] == 2 and gen["stop"]["items"] == {"type": "string", "minLength": 1, "maxLength": 8}
@@ -65,6 +67,7 @@ def test_the_key_pattern_takes_the_token_ids_up_to_the_largest():
     ("completion", {"prompt": [[1, 128]]}, "less than or equal to 127"),
     ("generate", {"prompt": "x", "max_new_tokens": 65}, "less than or equal to 64"),
     ("chat", {**CHAT, "max_completion_tokens": 65}, "less than or equal to 64"),
+    ("completion", {"prompt": "x", "min_tokens": 65}, "less than or equal to 64"),
     ("generate", {"prompt": "x", "lookahead": {"n": 3, "w": 7, "g": 2}}, "lookahead w=7 exceeds this engine's limit of 6"),
     ("generate", {"prompt": "x", "stop": ["a", "b", "c"]}, "at most 2 items"),
     ("chat", {**CHAT, "stop": "abcdefghi"}, "at most 8 characters"),

@@ -37,7 +37,7 @@ def test_cpu_default_serves_the_installed_real_model_on_every_core():
     assert args.engine.max_seq_len == 1024 and args.engine.kv_cache_memory == 2**30
     args.engine.check_params(args.engine.lookahead)
     # one replica with both cores of the 2-core machine, serving the routes itself
-    assert args.num_cpus == 2 and args.core_plan(cores=2).torch_threads == 1 and args.http_routes == "model"
+    assert args.num_cpus == 2 and args.core_plan(cores=2).torch_threads == 2 and args.http_routes == "model"
     model = next(d for d in app["deployments"] if d["name"] == "LookaheadModel")
     assert model["num_replicas"] == 1 and "autoscaling_config" not in model
     # every request the engine can hold reaches it, so overload gets the engine's 503 (the envelope)

@@ -12,10 +12,19 @@ from deployments.config import AppArgs
 from deployments.core_plan import CorePlan
 
 
-def test_a_replica_with_every_core_leaves_one_to_the_http_stack():
-    assert CorePlan.build(num_cpus=2, cores=2).torch_threads == 1
-    assert CorePlan.build(num_cpus=16, cores=16).torch_threads == 15
-    assert CorePlan.build(num_cpus=1, cores=1).torch_threads == 1  # nothing to leave
+def test_a_replica_with_every_core_and_the_engine_in_its_own_process_steps_on_all_of_them():
+    plan = CorePlan.build(num_cpus=2, cores=2)
+    assert plan.torch_threads == 2 and plan.large_batch_threads is None and "every step on all 2" in plan.reason
+    assert [plan.step_threads().for_batch(b) for b in (1, 7, 8, 16)] == [2, 2, 2, 2]
+    assert plan.step_threads().for_batch(1, prefill=True) == 2
+    assert CorePlan.build(num_cpus=16, cores=16).torch_threads == 16
+    assert CorePlan.build(num_cpus=1, cores=1).torch_threads == 1
+
+
+def test_a_replica_with_every_core_and_the_engine_on_its_thread_leaves_one_to_the_http_stack():
+    plan = CorePlan.build(num_cpus=2, cores=2, own_process=False)
+    assert plan.torch_threads == 1 and "one is left to the HTTP stack" in plan.reason
+    assert CorePlan.build(num_cpus=16, cores=16, own_process=False).torch_threads == 15
 
 
 def test_a_replica_with_part_of_the_machine_runs_a_thread_per_core_it_asked_for():
@@ -25,18 +34,20 @@ def test_a_replica_with_part_of_the_machine_runs_a_thread_per_core_it_asked_for(
 
 
 def test_torch_threads_in_the_app_args_override_the_rule():
-    plan = AppArgs(num_cpus=2, torch_threads=2).core_plan(cores=2)
-    assert plan.torch_threads == 2 and "torch_threads" in plan.reason
-    assert AppArgs(num_cpus=2).core_plan(cores=2).torch_threads == 1
+    plan = AppArgs(num_cpus=2, torch_threads=1).core_plan(cores=2)
+    assert plan.torch_threads == 1 and "torch_threads" in plan.reason
+    assert AppArgs(num_cpus=2).core_plan(cores=2).torch_threads == 2
     assert AppArgs().nice == 0 and AppArgs(nice=None).core_plan(cores=2).nice is None
 
 
-def test_a_replica_with_every_core_runs_steps_of_many_sequences_on_all_of_them():
-    plan = AppArgs(num_cpus=2).core_plan(cores=2)
+def test_where_one_core_is_left_steps_of_many_sequences_run_on_all_of_them():
+    plan = AppArgs(num_cpus=2, engine_process=False).core_plan(cores=2)
     threads = plan.step_threads()
     assert plan.torch_threads == 1 and [threads.for_batch(b) for b in (1, 7, 8, 16)] == [1, 1, 2, 2]
+    assert threads.for_batch(1, prefill=True) == 2
+    assert AppArgs(num_cpus=2, engine_process=False, large_batch_threads=1).core_plan(cores=2).step_threads().for_batch(16) == 1
+    assert AppArgs(num_cpus=2, torch_threads=1, large_batch_threads=2).core_plan(cores=2).step_threads().for_batch(16) == 2
     assert AppArgs(num_cpus=2, large_batch_threads=1).core_plan(cores=2).step_threads().for_batch(16) == 1
-    assert AppArgs(num_cpus=2, torch_threads=2).core_plan(cores=2).step_threads().for_batch(16) == 2
     assert AppArgs(num_cpus=4).core_plan(cores=16).step_threads().for_batch(16) == 4  # part of the machine
 
 

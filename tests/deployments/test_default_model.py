@@ -51,7 +51,7 @@ def test_the_default_model_answers_a_chat_question_with_its_own_template(default
     health = requests.get(base + "/health", timeout=30).json()
     assert health["model"] == "SmolLM2-135M-Instruct"
     assert health["dtype"] == "float32"
-    plan = health["core_plan"]  # both cores asked for: one is left to the HTTP stack where that is all there is
+    plan = health["core_plan"]  # both cores asked for: the engine, in a process of its own, steps on both
     assert health["torch_threads"] == plan["torch_threads"] == args.core_plan(cores=plan["cores"]).torch_threads
     assert plan["nice_now"] == 0 and health["prefix_cache"]["capacity_tokens"] == 512
 

@@ -57,6 +57,9 @@ def test_chat_stream_with_include_usage(client):
     *body, last = chunks
     assert last.choices == [] and last.usage is not None
     assert last.usage.model_dump() == whole.usage.model_dump()
+    summary = last.model_extra["lookahead"]  # the lookahead summary, as the whole body carries it
+    assert summary["mode"] == whole.model_extra["lookahead"]["mode"] and summary["steps"] >= 1
+    assert set(summary) == set(whole.model_extra["lookahead"])
     assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
     assert all(c.usage is None and c.object == "chat.completion.chunk" for c in body)
     assert body[0].choices[0].delta.role == "assistant"

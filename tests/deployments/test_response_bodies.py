@@ -61,3 +61,4 @@ def test_streamed_calls_come_as_delta_tool_calls_per_choice():
                                            "function": {"name": "get_weather", "arguments": "{}"}}]}, None),
                       (0, {}, "tool_calls"), (1, {}, "tool_calls")]
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 5
+    assert last["lookahead"] == openai_body(HEAD, [_done("x")], chat=True)["lookahead"]  # as the whole body has it

@@ -19,6 +19,7 @@ from lookahead_core.lookahead.params import LookaheadParams
 from lookahead_core.lookahead.sampling import SamplingParams
 from lookahead_core.serving import Completion, Delta, RequestError, RequestLimits, RequestProcessor, ServeRequest
 from lookahead_core.serving import processor as processor_module
+from lookahead_core.serving.request import DEFAULT_MAX_NEW_TOKENS
 from lookahead_core.serving.tools import AUTO_RULE, REQUIRED_RULE, ToolChoice, parse_tools, tool_grammar
 from tests.fixtures import wait_until
 
@@ -495,6 +496,21 @@ def test_a_requests_total_work_is_bounded_by_max_request_tokens(tiny, engine):
     assert sorted(c.index for c in items if isinstance(c, Completion)) == [0, 1, 2]
     ereq = proc.engine_request(ServeRequest(input_ids=prompt, n=3), list(prompt), 8, 64, group="r")
     assert ereq.group == "r" and ereq.max_new_tokens == 8
+
+
+def test_min_tokens_over_the_token_budget_is_a_400_naming_it(proc, engine):
+    """min_tokens above max_tokens (given, or the default the prompt leaves) could never be met: a
+    400 before the engine; equal to it, the request runs to exactly that many tokens."""
+    prompt = (100, 101, 102, 32)
+    err = run(proc, ServeRequest(input_ids=prompt, max_new_tokens=4, rules=LogitRules(min_tokens=5)), engine)
+    assert isinstance(err, RequestError) and err.status == 400 and err.param == "min_tokens"
+    assert "min_tokens=5" in err.message and "max_tokens (4)" in err.message
+    err = run(proc, ServeRequest(input_ids=prompt, rules=LogitRules(min_tokens=DEFAULT_MAX_NEW_TOKENS + 1)), engine)
+    assert isinstance(err, RequestError) and err.param == "min_tokens" and "default max_tokens" in err.message
+    assert engine.queue_depth() == (0, 0)
+    items = run(proc, ServeRequest(input_ids=prompt, max_new_tokens=5, rules=LogitRules(min_tokens=5)), engine)
+    (done,) = [c for c in items if isinstance(c, Completion)]
+    assert len(done.token_ids) == 5
 
 
 def test_the_engine_request_carries_the_logits_options_grammar_and_stop_token_ids(proc):
